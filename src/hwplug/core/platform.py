@@ -1,0 +1,535 @@
+"""The platform contract: what a kind of hardware tells hwplug about itself.
+
+A :class:`Platform` subclass describes one kind of accelerator (or the CPU).
+Its class attributes and small data tables (block sizes, cache dtypes, model
+dtypes) carry most of the knowledge; vendors override only what differs from
+the defaults below. Nothing here knows any particular chip.
+
+Nothing in this module imports torch at import time; methods that need torch
+say so and import it lazily.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Iterable, Sequence
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
+
+from hwplug.core.errors import ConfigError
+
+if TYPE_CHECKING:
+    import torch
+
+    from hwplug.core.config import EngineConfig, ModelConfig
+    from hwplug.core.resolve import ChangeLog
+
+__all__ = ["DeviceCapability", "DeviceInfo", "Platform", "parse_profile_spec"]
+
+GiB = 1 << 30
+
+# Names accepted for model dtypes, mapped to the canonical spelling.
+_DTYPE_ALIASES = {
+    "bfloat16": "bfloat16",
+    "bf16": "bfloat16",
+    "float16": "float16",
+    "fp16": "float16",
+    "half": "float16",
+    "float32": "float32",
+    "fp32": "float32",
+    "float": "float32",
+}
+
+
+def canonical_dtype(dtype: Any) -> str:
+    """Return the canonical name (``bfloat16``/``float16``/``float32``...) of a dtype.
+
+    Accepts strings and ``torch.dtype`` objects (without importing torch).
+    """
+    text = str(dtype)
+    text = text.removeprefix("torch.")
+    return _DTYPE_ALIASES.get(text, text)
+
+
+class DeviceCapability(NamedTuple):
+    """A CUDA-style compute capability ``major.minor``.
+
+    Compares with tuples (``cap >= (8, 9)``) and with integers in the
+    ``major * 10 + minor`` form (``cap >= 89``).
+    """
+
+    major: int
+    minor: int
+
+    def as_version_str(self) -> str:
+        """``"8.9"`` for capability 8.9."""
+        return f"{self.major}.{self.minor}"
+
+    def to_int(self) -> int:
+        """``89`` for capability 8.9; a minor version above 9 cannot be encoded."""
+        if not 0 <= self.minor <= 9:
+            raise ValueError(f"capability {self.as_version_str()} has no integer form")
+        return self.major * 10 + self.minor
+
+    @classmethod
+    def parse(cls, value: object) -> DeviceCapability:
+        """Build a capability from ``(8, 9)``, ``89``, ``"8.9"`` or a capability."""
+        if isinstance(value, DeviceCapability):
+            return value
+        if isinstance(value, bool):
+            raise ValueError(f"not a device capability: {value!r}")
+        if isinstance(value, int):
+            if value < 0:
+                raise ValueError(f"device capability must be non-negative, got {value}")
+            return cls(value // 10, value % 10)
+        if isinstance(value, str):
+            major, sep, minor = value.strip().partition(".")
+            if sep and major.isdigit() and minor.isdigit():
+                return cls(int(major), int(minor))
+            raise ValueError(f"device capability must look like '8.9', got {value!r}")
+        if isinstance(value, Sequence) and len(value) == 2:
+            major_v, minor_v = value
+            if isinstance(major_v, int) and isinstance(minor_v, int):
+                return cls(major_v, minor_v)
+        raise ValueError(
+            f"device capability must be (major, minor), an int like 89 or '8.9', got {value!r}"
+        )
+
+    def _other(self, other: object) -> tuple[int, int] | None:
+        if isinstance(other, bool):
+            return None
+        if isinstance(other, int):
+            return (other // 10, other % 10)
+        if isinstance(other, tuple) and len(other) == 2:
+            return (other[0], other[1])
+        return None
+
+    def __eq__(self, other: object) -> bool:
+        value = self._other(other)
+        return value is not None and (self.major, self.minor) == value
+
+    def __ne__(self, other: object) -> bool:
+        return not self == other
+
+    def __lt__(self, other: object) -> bool:
+        value = self._other(other)
+        if value is None:
+            return NotImplemented
+        return (self.major, self.minor) < value
+
+    def __le__(self, other: object) -> bool:
+        value = self._other(other)
+        if value is None:
+            return NotImplemented
+        return (self.major, self.minor) <= value
+
+    def __gt__(self, other: object) -> bool:
+        value = self._other(other)
+        if value is None:
+            return NotImplemented
+        return (self.major, self.minor) > value
+
+    def __ge__(self, other: object) -> bool:
+        value = self._other(other)
+        if value is None:
+            return NotImplemented
+        return (self.major, self.minor) >= value
+
+    __hash__ = tuple.__hash__
+
+    def __str__(self) -> str:
+        return self.as_version_str()
+
+
+@dataclasses.dataclass(frozen=True)
+class DeviceInfo:
+    """One device, as detected or as simulated.
+
+    ``total_memory`` is in bytes (0 when unknown); ``capability`` is the CUDA
+    compute capability where it applies; ``arch`` names the ISA generation
+    (``"gfx942"``); ``features`` holds capability flags such as ``"amx_bf16"``
+    or ``"ipex"``.
+    """
+
+    name: str
+    total_memory: int = 0
+    capability: DeviceCapability | None = None
+    arch: str | None = None
+    vendor: str = ""
+    features: frozenset[str] = frozenset()
+
+    def __post_init__(self) -> None:
+        if self.capability is not None and not isinstance(self.capability, DeviceCapability):
+            object.__setattr__(self, "capability", DeviceCapability.parse(self.capability))
+        if not isinstance(self.features, frozenset):
+            object.__setattr__(self, "features", frozenset(self.features))
+        if self.total_memory < 0:
+            raise ValueError(f"DeviceInfo.total_memory must be >= 0, got {self.total_memory}")
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready description."""
+        return {
+            "name": self.name,
+            "total_memory": self.total_memory,
+            "capability": None if self.capability is None else self.capability.as_version_str(),
+            "arch": self.arch,
+            "vendor": self.vendor,
+            "features": sorted(self.features),
+        }
+
+
+def parse_profile_spec(spec: str) -> tuple[str, int]:
+    """Split ``"h100:8"`` into ``("h100", 8)``; a bare name means one device."""
+    name, sep, count_text = spec.strip().partition(":")
+    name = name.strip().lower()
+    if not name:
+        raise ConfigError(f"empty device profile in {spec!r}; expected a name such as 'h100:8'")
+    if not sep:
+        return name, 1
+    if not count_text.strip().isdigit() or int(count_text) < 1:
+        raise ConfigError(
+            f"device count in profile {spec!r} must be a positive integer, as in 'h100:8'"
+        )
+    return name, int(count_text)
+
+
+class Platform:
+    """Base class of every platform, built-in or vendor-provided.
+
+    Class attributes identify the platform and hold its rule tables; the
+    defaults suit a vendor that overrides little. An instance is bound to the
+    devices it runs on (detected, or simulated from a profile).
+    """
+
+    # -- identity -----------------------------------------------------------
+    name: ClassVar[str] = ""
+    """Short platform name used by ``HWPLUG_PLATFORM`` and in messages."""
+    device_type: ClassVar[str] = ""
+    """torch device type (``torch.device(device_type)``)."""
+    dispatch_key: ClassVar[str] = "CPU"
+    """torch dispatch key for custom ops."""
+    dist_backend: ClassVar[str] = ""
+    """torch.distributed backend name."""
+    priority: ClassVar[int] = 50
+    """Selection rank among present platforms; higher wins."""
+    ray_device_key: ClassVar[str] = ""
+    """Ray resource name for this device; empty when Ray cannot place it."""
+    device_control_env_var: ClassVar[str] = ""
+    """Environment variable that restricts the visible devices."""
+    vendor: ClassVar[str] = ""
+    """Human-readable vendor name."""
+
+    # -- rule tables (data, overridden per platform) --------------------------
+    block_sizes: ClassVar[tuple[int, ...]] = (1, 8, 16, 32, 64, 128, 256)
+    """Allowed KV-cache block sizes."""
+    default_block: ClassVar[int] = 16
+    """Block size filled in when the user leaves it unset."""
+    cache_dtypes: ClassVar[tuple[str, ...]] = ("auto", "bfloat16")
+    """KV-cache dtypes this platform can store."""
+    model_dtypes: ClassVar[tuple[str, ...]] = ("bfloat16", "float16", "float32")
+    """Model dtypes, in order of preference (the first fills ``dtype="auto"``)."""
+    fp8_dtype_name: ClassVar[str] = "float8_e4m3fn"
+    """torch dtype name that ``fp8`` stands for."""
+    supports_device_graphs: ClassVar[bool] = False
+    """Whether the platform captures device graphs (CUDA graphs, HPU graphs)."""
+    default_compilation_level: ClassVar[int] = 0
+    """Compilation level filled in when unset (a ``CompilationLevel`` value)."""
+    max_compilation_level: ClassVar[int] = 3
+    """Highest compilation level the platform can run."""
+    enable_prefix_caching_default: ClassVar[bool] = True
+    enable_chunked_prefill_default: ClassVar[bool] = True
+
+    def __init__(
+        self,
+        devices: Iterable[DeviceInfo] = (),
+        *,
+        simulated: bool = False,
+        profile: str | None = None,
+    ) -> None:
+        self.devices: tuple[DeviceInfo, ...] = tuple(devices)
+        self.simulated = simulated
+        self.profile = profile
+
+    def __repr__(self) -> str:
+        kind = f"simulated {self.profile}" if self.simulated else "detected"
+        return f"<{type(self).__name__} {self.name!r} {kind}, {len(self.devices)} device(s)>"
+
+    # -- discovery ----------------------------------------------------------
+    @classmethod
+    def detect(cls) -> list[DeviceInfo]:
+        """Return the devices present, or an empty list when absent.
+
+        Must not import torch or initialise any device runtime.
+        """
+        return []
+
+    @classmethod
+    def profiles(cls) -> dict[str, DeviceInfo]:
+        """Simulated devices this platform knows, by profile name."""
+        return {}
+
+    @classmethod
+    def simulate(cls, profile: str) -> Platform:
+        """An instance of this platform on ``profile`` (``"h100"`` or ``"h100:8"``)."""
+        name, count = parse_profile_spec(profile)
+        known = cls.profiles()
+        if name not in known:
+            raise ConfigError(
+                f"unknown {cls.name} profile {name!r}; known profiles: {', '.join(sorted(known))}"
+            )
+        spec = name if count == 1 else f"{name}:{count}"
+        return cls([known[name]] * count, simulated=True, profile=spec)
+
+    # -- identity helpers ----------------------------------------------------
+    def is_cuda(self) -> bool:
+        return self.name == "cuda"
+
+    def is_rocm(self) -> bool:
+        return self.name == "rocm"
+
+    def is_cpu(self) -> bool:
+        return self.name == "cpu"
+
+    def is_hpu(self) -> bool:
+        return self.name == "hpu"
+
+    def is_xpu(self) -> bool:
+        return self.name == "xpu"
+
+    def is_cuda_alike(self) -> bool:
+        """CUDA or ROCm: both drive devices through the ``torch.cuda`` API."""
+        return self.is_cuda() or self.is_rocm()
+
+    @property
+    def device(self) -> DeviceInfo | None:
+        """The first device, or None when the platform has none."""
+        return self.devices[0] if self.devices else None
+
+    def describe_device(self) -> str:
+        """A short device description for error messages."""
+        if not self.devices:
+            return f"the {self.name} platform"
+        dev = self.devices[0]
+        detail = []
+        if dev.capability is not None:
+            detail.append(f"compute capability {dev.capability.as_version_str()}")
+        if dev.arch:
+            detail.append(dev.arch)
+        suffix = f" ({', '.join(detail)})" if detail else ""
+        return f"{dev.name}{suffix}"
+
+    def has_feature(self, feature: str, i: int = 0) -> bool:
+        """Whether device ``i`` carries capability flag ``feature``."""
+        return len(self.devices) > i and feature in self.devices[i].features
+
+    # -- device queries --------------------------------------------------------
+    def _device(self, i: int) -> DeviceInfo:
+        if not 0 <= i < len(self.devices):
+            raise IndexError(
+                f"device index {i} out of range: the {self.name} platform has "
+                f"{len(self.devices)} device(s)"
+            )
+        return self.devices[i]
+
+    def get_device_capability(self, i: int = 0) -> DeviceCapability | None:
+        """Compute capability of device ``i``; None where the notion does not apply.
+
+        Never initialises a device runtime on the base class.
+        """
+        if not self.devices:
+            return None
+        return self._device(i).capability
+
+    def has_device_capability(self, capability: object, i: int = 0) -> bool:
+        """Whether device ``i`` has at least ``capability`` (``(8, 9)`` or ``89``)."""
+        current = self.get_device_capability(i)
+        if current is None:
+            return False
+        return current >= DeviceCapability.parse(capability)
+
+    def get_device_name(self, i: int = 0) -> str:
+        """Marketing name of device ``i``."""
+        return self._device(i).name
+
+    def get_device_total_memory(self, i: int = 0) -> int:
+        """Total memory of device ``i`` in bytes."""
+        return self._device(i).total_memory
+
+    def get_current_memory_usage(self, i: int = 0) -> int:
+        """Bytes currently in use on device ``i``.
+
+        Simulated devices are idle: 0. Real platforms override this.
+        """
+        self._device(i)
+        return 0
+
+    # -- KV cache ---------------------------------------------------------------
+    def default_block_size(self, config: EngineConfig) -> int:
+        """Block size filled in when ``cache.block_size`` is unset."""
+        return self.default_block
+
+    def supported_block_sizes(self, model_config: ModelConfig | None = None) -> tuple[int, ...]:
+        """Block sizes the platform's attention kernels accept for this model."""
+        return self.block_sizes
+
+    def supported_cache_dtypes(self) -> tuple[str, ...]:
+        """Cache-dtype strings this platform (and this device) can store."""
+        return tuple(d for d in self.cache_dtypes if self.cache_dtype_problem(d, None) is None)
+
+    def cache_dtype_problem(self, cache_dtype: str, config: EngineConfig | None) -> str | None:
+        """Why ``cache_dtype`` cannot be used here, or None when it can.
+
+        The message names the option, the device, and what would work.
+        ``config`` may be None when the question is about the device alone.
+        """
+        if cache_dtype in self.cache_dtypes:
+            return None
+        allowed = ", ".join(self.cache_dtypes)
+        if cache_dtype == "fp8_inc":
+            return (
+                f"cache.cache_dtype='fp8_inc' is the Intel Gaudi (HPU) format and is not "
+                f"available on {self.describe_device()}; use one of: {allowed}"
+            )
+        return (
+            f"cache.cache_dtype={cache_dtype!r} is not supported on {self.describe_device()}; "
+            f"use one of: {allowed}"
+        )
+
+    def is_kv_cache_dtype_supported(self, cache_dtype: str, config: EngineConfig) -> bool:
+        """Whether ``cache_dtype`` can be used with ``config`` on this device."""
+        return self.cache_dtype_problem(cache_dtype, config) is None
+
+    def fp8_dtype(self) -> torch.dtype:
+        """The torch dtype that ``fp8`` stands for on this platform (imports torch)."""
+        import torch
+
+        dtype = getattr(torch, self.fp8_dtype_name)
+        assert isinstance(dtype, torch.dtype)
+        return dtype
+
+    def is_fp8_fnuz(self) -> bool:
+        """Whether ``fp8`` uses the FNUZ encoding (no negative zero, no infinities)."""
+        return self.fp8_dtype_name.endswith("fnuz")
+
+    # -- model dtypes -------------------------------------------------------------
+    def supported_model_dtypes(self) -> tuple[str, ...]:
+        """Model dtypes this device runs, most preferred first."""
+        return self.model_dtypes
+
+    def supports_dtype(self, dtype: Any) -> bool:
+        """Whether the device runs a model in ``dtype`` (a string or torch.dtype)."""
+        return canonical_dtype(dtype) in self.supported_model_dtypes()
+
+    def model_dtype_problem(self, dtype: str, config: EngineConfig | None) -> str | None:
+        """Why a model in ``dtype`` cannot run here, or None when it can."""
+        if self.supports_dtype(dtype):
+            return None
+        allowed = ", ".join(self.supported_model_dtypes())
+        return (
+            f"model.dtype={dtype!r} is not supported on {self.describe_device()}; "
+            f"use one of: {allowed}"
+        )
+
+    # -- graphs and compilation -----------------------------------------------------
+    def graph_wrapper_cls(self) -> type | None:
+        """The graph-capture wrapper class for this platform, or None (eager)."""
+        return None
+
+    # -- configuration ----------------------------------------------------------------
+    def check_and_update_config(self, config: EngineConfig, changes: ChangeLog) -> None:
+        """Adjust ``config`` for this platform through ``changes.record``.
+
+        Called by :func:`hwplug.resolve` after the engine defaults. Fill unset
+        values (recording why) and raise :class:`ConfigError` for explicit
+        values the platform cannot honour. The base fills the block size.
+        """
+        if config.cache.block_size is None:
+            changes.record(
+                "cache.block_size",
+                self.default_block_size(config),
+                f"default block size on {self.name}",
+            )
+
+    def verify_config(self, config: EngineConfig) -> None:
+        """Last checks of a resolved config; raise :class:`ConfigError` if it cannot run."""
+        block_size = config.cache.block_size
+        allowed_blocks = self.supported_block_sizes(config.model)
+        if block_size is not None and block_size not in allowed_blocks:
+            mla = " for MLA models" if config.model.use_mla else ""
+            raise ConfigError(
+                f"cache.block_size={block_size} is not supported on "
+                f"{self.describe_device()}{mla}; use one of: "
+                f"{', '.join(str(b) for b in allowed_blocks)}"
+            )
+        problem = self.cache_dtype_problem(config.cache.cache_dtype, config)
+        if problem is not None:
+            raise ConfigError(problem)
+        problem = self.model_dtype_problem(config.model.dtype, config)
+        if problem is not None:
+            raise ConfigError(problem)
+
+    # -- KV memory ----------------------------------------------------------------------
+    def kv_cache_budget_bytes(self, config: EngineConfig, used_bytes: int = 0) -> int:
+        """Bytes available for the KV cache on one device.
+
+        Default: ``gpu_memory_utilization`` x total device memory, less what is
+        already used.
+        """
+        total = self.get_device_total_memory(0) if self.devices else 0
+        return int(config.cache.gpu_memory_utilization * total) - used_bytes
+
+    # -- distributed ---------------------------------------------------------------------
+    def device_id_to_physical_device_id(self, device_id: int) -> int:
+        """Map a logical device index to the physical one through the visibility variable."""
+        var = self.device_control_env_var
+        value = os.environ.get(var, "") if var else ""
+        if not value.strip():
+            return device_id
+        ids = [part.strip() for part in value.split(",") if part.strip()]
+        if not 0 <= device_id < len(ids):
+            raise IndexError(
+                f"device {device_id} is not visible: {var}={value!r} lists {len(ids)} device(s)"
+            )
+        physical = ids[device_id]
+        if not physical.isdigit():
+            raise ValueError(
+                f"{var}={value!r}: entry {physical!r} is not a device index; "
+                "only integer indices can be mapped"
+            )
+        return int(physical)
+
+    def init_process_group(
+        self,
+        world_size: int,
+        rank: int,
+        init_method: str = "env://",
+        timeout: timedelta | float | None = None,
+    ) -> Any:
+        """Initialise ``torch.distributed`` with this platform's backend.
+
+        Returns the default process group. ``timeout`` is a ``timedelta`` or
+        seconds. Imports torch; does not pick a device.
+        """
+        if not self.dist_backend:
+            raise RuntimeError(f"the {self.name} platform has no torch.distributed backend")
+        if world_size < 1 or not 0 <= rank < world_size:
+            raise ValueError(
+                f"rank must be in [0, world_size) and world_size >= 1; got rank={rank}, "
+                f"world_size={world_size}"
+            )
+        import torch.distributed as dist
+
+        kwargs: dict[str, Any] = {}
+        if timeout is not None:
+            kwargs["timeout"] = (
+                timeout if isinstance(timeout, timedelta) else timedelta(seconds=timeout)
+            )
+        dist.init_process_group(
+            backend=self.dist_backend,
+            init_method=init_method,
+            world_size=world_size,
+            rank=rank,
+            **kwargs,
+        )
+        return dist.group.WORLD
