@@ -238,7 +238,11 @@ class Platform:
     max_compilation_level: ClassVar[int] = 3
     """Highest compilation level the platform can run."""
     enable_prefix_caching_default: ClassVar[bool] = True
+    """Prefix caching filled in when ``cache.enable_prefix_caching`` is unset."""
     enable_chunked_prefill_default: ClassVar[bool] = True
+    """Chunked prefill filled in when ``scheduler.enable_chunked_prefill`` is unset."""
+    representative_profile: ClassVar[str | None] = None
+    """The profile that stands for this platform in test matrices and ``use_platform(name)``."""
 
     def __init__(
         self,
@@ -428,6 +432,25 @@ class Platform:
         allowed = ", ".join(self.supported_model_dtypes())
         return (
             f"model.dtype={dtype!r} is not supported on {self.describe_device()}; "
+            f"use one of: {allowed}"
+        )
+
+    # -- engine defaults ---------------------------------------------------------------
+    def default_prefix_caching(self, config: EngineConfig) -> tuple[bool, str]:
+        """Value and reason for an unset ``cache.enable_prefix_caching``."""
+        return self.enable_prefix_caching_default, f"default on {self.name}"
+
+    def default_chunked_prefill(self, config: EngineConfig) -> tuple[bool, str]:
+        """Value and reason for an unset ``scheduler.enable_chunked_prefill``."""
+        return self.enable_chunked_prefill_default, f"default on {self.name}"
+
+    def compilation_level_problem(self, level: int) -> str | None:
+        """Why an explicit ``compilation.level`` cannot run here, or None when it can."""
+        if level <= self.max_compilation_level:
+            return None
+        allowed = ", ".join(str(i) for i in range(self.max_compilation_level + 1))
+        return (
+            f"compilation.level={level} is not supported on {self.describe_device()}; "
             f"use one of: {allowed}"
         )
 
