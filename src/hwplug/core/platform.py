@@ -233,6 +233,10 @@ class Platform:
     """torch dtype name that ``fp8`` stands for."""
     supports_device_graphs: ClassVar[bool] = False
     """Whether the platform captures device graphs (CUDA graphs, HPU graphs)."""
+    supports_piecewise_graphs: ClassVar[bool] = True
+    """With device graphs: whether pieces of a split graph can be captured (not on HPU)."""
+    graphs_need_compilation: ClassVar[bool] = True
+    """With device graphs: whether capture goes through piecewise compilation (CUDA)."""
     default_compilation_level: ClassVar[int] = 0
     """Compilation level filled in when unset (a ``CompilationLevel`` value)."""
     max_compilation_level: ClassVar[int] = 3
