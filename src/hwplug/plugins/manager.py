@@ -607,7 +607,7 @@ def reset() -> None:
 _F = TypeVar("_F", bound=Callable[..., Any])
 
 
-class use_platform(contextlib.ContextDecorator):  # noqa: N801 - reads as a function
+class use_platform(contextlib.ContextDecorator):
     """Make a platform current for a block or a function, then restore the previous one.
 
     ``target`` is a :class:`~hwplug.core.platform.Platform` instance or class, a
