@@ -1,0 +1,90 @@
+"""The ACME NPU platform: detection, rule tables and a config hook.
+
+ACME's NPU is simulated: the device is "present" when the driver would have
+exported ``ACME_NPU_DEVICES`` (a comma-separated list of device indices), so
+this plugin shows every part of a real one without real hardware.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING, ClassVar
+
+import hwplug
+from hwplug.core.errors import ConfigError
+from hwplug.core.platform import DeviceInfo, Platform
+
+if TYPE_CHECKING:
+    from hwplug.core.config import EngineConfig
+    from hwplug.core.resolve import ChangeLog
+
+GiB = 1 << 30
+
+_PROFILES = {
+    "acme-n1": DeviceInfo("ACME N1 Inference Accelerator", 64 * GiB, arch="n1", vendor="ACME"),
+    "acme-n2": DeviceInfo(
+        "ACME N2 Inference Accelerator", 128 * GiB, arch="n2", vendor="ACME",
+        features=frozenset({"fp8"}),
+    ),
+}
+
+
+class NpuPlatform(Platform):
+    """ACME NPU: 32-token blocks, an fp8 (e4m3) cache on N2 and later, no device graphs."""
+
+    name = "npu"
+    device_type = "cpu"  # ACME's runtime exposes the NPU through CPU tensors in this demo
+    dispatch_key = "PrivateUse1"
+    dist_backend = "gloo"
+    priority = 60
+    ray_device_key = "NPU"
+    device_control_env_var = "ACME_NPU_VISIBLE_DEVICES"
+    vendor = "ACME"
+
+    block_sizes: ClassVar[tuple[int, ...]] = (32, 64)
+    default_block = 32
+    cache_dtypes: ClassVar[tuple[str, ...]] = ("auto", "bfloat16", "fp8", "fp8_e4m3")
+    model_dtypes: ClassVar[tuple[str, ...]] = ("bfloat16", "float16")
+    fp8_dtype_name = "float8_e4m3fn"
+    default_compilation_level = 2
+    representative_profile = "acme-n2"
+
+    @classmethod
+    def detect(cls) -> list[DeviceInfo]:
+        raw = os.environ.get("ACME_NPU_DEVICES", "").strip()
+        if not raw:
+            return []
+        arch = os.environ.get("ACME_NPU_ARCH", "n2")
+        device = _PROFILES.get(f"acme-{arch}")
+        if device is None:
+            raise RuntimeError(f"ACME_NPU_ARCH={arch!r} is not an ACME NPU generation (n1, n2)")
+        return [device for part in raw.split(",") if part.strip()]
+
+    @classmethod
+    def profiles(cls) -> dict[str, DeviceInfo]:
+        return dict(_PROFILES)
+
+    def cache_dtype_problem(self, cache_dtype: str, config: EngineConfig | None) -> str | None:
+        if cache_dtype.startswith("fp8") and cache_dtype in self.cache_dtypes:
+            if not self.has_feature("fp8"):
+                return (
+                    f"cache.cache_dtype={cache_dtype!r} needs an ACME N2 or later; "
+                    f"{self.describe_device()} stores auto or bfloat16"
+                )
+            return None
+        return super().cache_dtype_problem(cache_dtype, config)
+
+    def check_and_update_config(self, config: EngineConfig, changes: ChangeLog) -> None:
+        super().check_and_update_config(config, changes)
+        if config.scheduler.max_num_seqs > 128:
+            if changes.was_set("scheduler.max_num_seqs"):
+                raise ConfigError(
+                    f"scheduler.max_num_seqs={config.scheduler.max_num_seqs} exceeds the 128 "
+                    f"sequences {self.describe_device()} can schedule; use 128 or fewer"
+                )
+            changes.record("scheduler.max_num_seqs", 128, "ACME NPUs schedule 128 sequences")
+
+
+@hwplug.hookimpl
+def hwplug_platforms() -> list[type[Platform]]:
+    return [NpuPlatform]

@@ -1,0 +1,114 @@
+"""examples/acme_npu: a real vendor package, built, installed and discovered."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.plugins.distributions import REPO, clean_env, run_python
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def acme_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Build the example with its own pyproject.toml and install it into a throwaway folder."""
+    target = tmp_path_factory.mktemp("acme-site")
+    result = subprocess.run(
+        [
+            sys.executable, "-m", "pip", "install", "--quiet", "--no-deps",
+            "--no-build-isolation", "--no-index", "--target", str(target),
+            str(REPO / "examples" / "acme_npu"),
+        ],
+        capture_output=True, text=True, check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    assert list(target.glob("acme_npu-*.dist-info"))
+    return target
+
+
+PROBE = """
+import json, warnings
+warnings.simplefilter("ignore")
+import hwplug
+from hwplug.plugins import manager
+try:
+    pm = manager.get_plugin_manager()
+    res = hwplug.resolve()
+    print(json.dumps({
+        "platform": res.platform.name,
+        "simulated": res.platform.simulated,
+        "device": res.platform.describe_device(),
+        "distribution": pm.distribution_of("acme_npu"),
+        "block_size": res.config.cache.block_size,
+        "changes": [c.to_dict() for c in res.changes],
+    }))
+except Exception as exc:
+    print(json.dumps({"error": type(exc).__name__, "message": str(exc)}))
+"""
+
+
+def probe(site: Path, **env: str) -> dict:
+    result = run_python(PROBE, paths=[site], env=clean_env(**env))
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def test_present_npu_outranks_the_builtins(acme_site: Path) -> None:
+    out = probe(acme_site, ACME_NPU_DEVICES="0,1")
+    assert out["platform"] == "npu"
+    assert out["simulated"] is False
+    assert out["distribution"] == "acme-npu"
+    assert out["block_size"] == 32
+    sources = {c["path"]: c["source"] for c in out["changes"]}
+    assert sources["cache.block_size"] == "platform:npu"
+    assert sources["scheduler.max_num_seqs"] == "platform:npu"
+
+
+def test_absent_npu_leaves_cpu(acme_site: Path) -> None:
+    assert probe(acme_site)["platform"] == "cpu"
+
+
+def test_npu_profiles_simulate_without_hardware(acme_site: Path) -> None:
+    out = probe(acme_site, HWPLUG_SIMULATE="acme-n1")
+    assert out["platform"] == "npu" and out["simulated"] is True
+    assert "ACME N1" in out["device"]
+
+
+def test_npu_cache_rules(acme_site: Path) -> None:
+    code = """
+    import hwplug
+    from hwplug.core.config import EngineConfig, CacheConfig
+    cfg = EngineConfig(cache=CacheConfig(cache_dtype="fp8"))
+    print(hwplug.resolve(cfg, platform="acme-n2").config.cache.cache_dtype)
+    try:
+        hwplug.resolve(cfg, platform="acme-n1")
+    except hwplug.ConfigError as exc:
+        print("ConfigError:", exc)
+    """
+    result = run_python(code, paths=[acme_site], env=clean_env())
+    assert result.returncode == 0, result.stderr
+    first, second = result.stdout.strip().splitlines()
+    assert first == "fp8"
+    assert second.startswith("ConfigError: cache.cache_dtype='fp8' needs an ACME N2")
+
+
+def test_excluded_by_allow_list(acme_site: Path) -> None:
+    out = probe(acme_site, ACME_NPU_DEVICES="0", HWPLUG_PLUGINS="")
+    assert out["platform"] == "cpu"
+    assert out["distribution"] is None
+
+
+def test_raising_detect_is_reported_by_name(acme_site: Path) -> None:
+    result = run_python(
+        "import hwplug; print(hwplug.current_platform.name)",
+        paths=[acme_site],
+        env=clean_env(ACME_NPU_DEVICES="0", ACME_NPU_ARCH="n9"),
+    )
+    assert result.stdout.strip() == "cpu"
+    assert "acme_npu" in result.stderr and "acme-npu" in result.stderr
+    assert "ACME_NPU_ARCH='n9'" in result.stderr
