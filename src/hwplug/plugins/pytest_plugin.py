@@ -1,0 +1,276 @@
+"""Run tests over simulated platforms: the ``hwplug`` pytest plugin.
+
+Installed with hwplug (``pytest11`` entry point), so any test suite gets:
+
+``--hwplug-profiles=h100,mi300x,...|all``
+    the device profiles that tests using the ``hwplug_platform`` fixture run
+    on. Default: one representative profile per installed platform.
+fixture ``hwplug_platform``
+    parametrised over the selected profiles (test ids show the profile, as in
+    ``test_x[h100]``); makes ``hwplug.current_platform`` that simulated
+    platform for the duration of the test and yields it.
+marker ``hwplug_platforms(*names)``
+    limits a test to those platforms (or profiles); a test none of whose
+    platforms is selected gets an empty parameter set and is skipped.
+marker ``hwplug_requires_device(name)``
+    skips a test unless platform ``name`` is really present (detected, never
+    simulated).
+
+The report header names the platform detected on this machine. Detection for
+the header and for ``hwplug_requires_device`` runs on a private plugin
+manager, so it never fixes the process-wide current platform.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import warnings
+from collections.abc import Iterator
+
+import pytest
+
+from hwplug.core.errors import ConfigError, PluginError
+from hwplug.core.platform import Platform, parse_profile_spec
+from hwplug.plugins.manager import Candidate, HwplugPluginManager
+
+__all__ = ["FIXTURE", "HwplugSession"]
+
+FIXTURE = "hwplug_platform"
+"""Name of the fixture parametrised over the selected profiles."""
+
+_PLATFORMS_MARKER = "hwplug_platforms"
+_REQUIRES_MARKER = "hwplug_requires_device"
+
+
+@dataclasses.dataclass(frozen=True)
+class _Profile:
+    spec: str
+    platform: str
+
+
+class HwplugSession:
+    """What the plugin knows in one pytest session: plugins, profiles, detection.
+
+    Built lazily, so a pytest run that never uses hwplug's fixture or markers
+    loads no hwplug plugin at all.
+    """
+
+    def __init__(self, option: str | None) -> None:
+        self.option = option
+        self._manager: HwplugPluginManager | None = None
+        self._profiles: tuple[_Profile, ...] | None = None
+        self._detected: dict[str, Candidate | str] = {}
+
+    @property
+    def manager(self) -> HwplugPluginManager:
+        """A private plugin manager (the process-wide selection is left alone)."""
+        if self._manager is None:
+            manager = HwplugPluginManager()
+            with warnings.catch_warnings():
+                # Failing plugins are reported in the header, not as warnings here.
+                warnings.simplefilter("ignore")
+                manager.load_entrypoints()
+                manager.platform_entries()
+            self._manager = manager
+        return self._manager
+
+    def profiles(self) -> tuple[_Profile, ...]:
+        """The profiles selected by ``--hwplug-profiles`` (validated)."""
+        if self._profiles is None:
+            self._profiles = self._select_profiles()
+        return self._profiles
+
+    def _select_profiles(self) -> tuple[_Profile, ...]:
+        manager = self.manager
+        known = manager.known_profiles()
+        text = (self.option or "").strip()
+        if not text:
+            chosen = []
+            for name, entry in sorted(manager.platform_entries().items()):
+                own = entry.cls.profiles()
+                rep = entry.cls.representative_profile
+                spec = rep if rep in own else next(iter(own), None)
+                if spec is not None:
+                    chosen.append(_Profile(spec, name))
+            return tuple(chosen)
+        if text.lower() == "all":
+            return tuple(_Profile(spec, plat) for spec, (plat, _dev) in sorted(known.items()))
+        profiles: list[_Profile] = []
+        for part in text.split(","):
+            part = part.strip()
+            if not part:
+                continue
+            try:
+                name, count = parse_profile_spec(part)
+            except ConfigError as exc:
+                raise pytest.UsageError(f"--hwplug-profiles: {exc}") from None
+            if name not in known:
+                raise pytest.UsageError(
+                    f"--hwplug-profiles: unknown profile {name!r}; known profiles: "
+                    f"{', '.join(sorted(known))} (or 'all')"
+                )
+            spec = name if count == 1 else f"{name}:{count}"
+            if all(p.spec != spec for p in profiles):
+                profiles.append(_Profile(spec, known[name][0]))
+        if not profiles:
+            raise pytest.UsageError(
+                "--hwplug-profiles is empty; give profile names separated by commas, or 'all'"
+            )
+        return tuple(profiles)
+
+    def detected(self, name: str) -> Candidate | str:
+        """The probe result for platform ``name``, or why it could not be probed."""
+        if name not in self._detected:
+            entries = self.manager.platform_entries()
+            entry = entries.get(name)
+            if entry is None:
+                self._detected[name] = (
+                    f"platform {name!r} is not installed (installed: {', '.join(sorted(entries))})"
+                )
+            else:
+                try:
+                    with warnings.catch_warnings():
+                        warnings.simplefilter("ignore")
+                        self._detected[name] = self.manager.detect(entry)
+                except Exception as exc:
+                    self._detected[name] = f"detecting {name!r} failed: {_one_line(exc)}"
+        return self._detected[name]
+
+    def header(self) -> list[str]:
+        """Report-header lines: the detected platform, plugin failures."""
+        lines: list[str] = []
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                manager = HwplugPluginManager()
+                manager.load_entrypoints()
+                selection = manager.select()
+        except Exception as exc:
+            return [f"hwplug: platform detection failed: {_one_line(exc)}"]
+        platform = selection.platform
+        lines.append(
+            f"hwplug: detected platform {platform.name} ({_describe(platform)}; {selection.reason})"
+        )
+        lines.extend(f"hwplug: {failure.message()}" for failure in manager.failures)
+        if self.option:
+            lines.append(f"hwplug: profiles: {self.option}")
+        return lines
+
+
+def _describe(platform: Platform) -> str:
+    count = len(platform.devices)
+    device = platform.describe_device()
+    amount = f"{count} x {device}" if count > 1 else device
+    return f"simulated {platform.profile}: {amount}" if platform.simulated else amount
+
+
+def _one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+_SESSION = pytest.StashKey[HwplugSession]()
+
+
+def _session(config: pytest.Config) -> HwplugSession:
+    return config.stash[_SESSION]
+
+
+# --------------------------------------------------------------------------- hooks
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("hwplug", "hwplug platform test matrix")
+    group.addoption(
+        "--hwplug-profiles",
+        dest="hwplug_profiles",
+        default=None,
+        metavar="PROFILES",
+        help=(
+            "device profiles to run hwplug_platform tests on: comma-separated names "
+            "(h100,mi300x,h100:8) or 'all'; default: one representative profile per "
+            "installed platform"
+        ),
+    )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        f"{_PLATFORMS_MARKER}(*names): run this test only on these hwplug platforms "
+        "(or profiles) among the selected profiles",
+    )
+    config.addinivalue_line(
+        "markers",
+        f"{_REQUIRES_MARKER}(name): skip unless hwplug platform `name` is really present "
+        "(detected hardware, never simulated)",
+    )
+    session = HwplugSession(config.getoption("hwplug_profiles", default=None))
+    config.stash[_SESSION] = session
+    if session.option is not None:
+        try:
+            session.profiles()  # a bad name is a usage error before collection
+        except PluginError as exc:
+            raise pytest.UsageError(f"--hwplug-profiles: {exc}") from None
+
+
+def pytest_report_header(config: pytest.Config) -> list[str]:
+    return _session(config).header()
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if FIXTURE not in metafunc.fixturenames:
+        return
+    for marker in metafunc.definition.iter_markers("parametrize"):
+        names = marker.args[0] if marker.args else marker.kwargs.get("argnames", "")
+        if isinstance(names, str):
+            names = [n.strip() for n in names.split(",")]
+        if FIXTURE in names:
+            return  # the test parametrises the fixture itself
+    profiles = _session(metafunc.config).profiles()
+    for marker in metafunc.definition.iter_markers(_PLATFORMS_MARKER):
+        wanted = {str(arg).strip().lower() for arg in marker.args}
+        profiles = tuple(
+            p for p in profiles if p.platform in wanted or parse_profile_spec(p.spec)[0] in wanted
+        )
+    specs = [p.spec for p in profiles]
+    metafunc.parametrize(FIXTURE, specs, ids=specs, indirect=True)
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    markers = list(item.iter_markers(_REQUIRES_MARKER))
+    if not markers:
+        return
+    session = _session(item.config)
+    for marker in markers:
+        if len(marker.args) != 1 or not isinstance(marker.args[0], str):
+            raise pytest.UsageError(
+                f"{item.nodeid}: @pytest.mark.{_REQUIRES_MARKER} takes one platform name, "
+                f"got {marker.args!r}"
+            )
+        name = marker.args[0].strip().lower()
+        found = session.detected(name)
+        if isinstance(found, str):
+            pytest.skip(f"needs a real {name} device: {found}")
+        if not found.present:
+            why = f" ({found.error})" if found.error else ""
+            pytest.skip(f"needs a real {name} device; none detected{why}")
+
+
+@pytest.fixture
+def hwplug_platform(request: pytest.FixtureRequest) -> Iterator[Platform]:
+    """The simulated platform of this test's profile, made ``hwplug.current_platform``.
+
+    Parametrised over ``--hwplug-profiles``; the previous current platform is
+    restored after the test.
+    """
+    from hwplug.plugins.manager import use_platform
+
+    spec = getattr(request, "param", None)
+    if not isinstance(spec, str):
+        raise pytest.UsageError(
+            f"{request.node.nodeid}: the {FIXTURE} fixture is parametrised by the hwplug "
+            "plugin; parametrise it only with profile names (indirect=True)"
+        )
+    with use_platform(spec) as platform:
+        yield platform
