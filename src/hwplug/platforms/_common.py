@@ -1,0 +1,218 @@
+"""Helpers shared by the built-in platform modules.
+
+Small pieces that several platforms need: which cache dtypes are fp8, how a
+rejected cache or model dtype is explained (always with the exact value that
+would work), filling a field only when the user left it unset, and querying a
+vendor management library without letting its failures escape.
+
+Nothing here imports torch.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from hwplug.core.platform import DeviceCapability
+
+if TYPE_CHECKING:
+    from hwplug.core.platform import Platform
+    from hwplug.core.resolve import ChangeLog
+
+__all__ = [
+    "FP8_CACHE_DTYPES",
+    "QueryCache",
+    "cache_dtype_message",
+    "cache_dtype_problem_for",
+    "fill_unset",
+    "gfx_capability",
+    "gfx_version",
+    "is_fp8_cache",
+    "model_dtype_message",
+    "query_quietly",
+    "quote_choices",
+    "torch_cuda_query",
+    "torch_version",
+]
+
+logger = logging.getLogger("hwplug.platforms")
+
+T = TypeVar("T")
+
+FP8_CACHE_DTYPES = frozenset({"fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc"})
+"""Cache-dtype strings that store the KV cache in 8-bit floats."""
+
+
+def is_fp8_cache(cache_dtype: str) -> bool:
+    """Whether ``cache_dtype`` is one of the fp8 KV-cache formats."""
+    return cache_dtype in FP8_CACHE_DTYPES
+
+
+def quote_choices(values: Iterable[str], field: str) -> str:
+    """``field='a'``, or ``field='a' or 'b'`` for several choices."""
+    quoted = [repr(v) for v in values]
+    if not quoted:
+        return "nothing"
+    if len(quoted) == 1:
+        return f"{field}={quoted[0]}"
+    return f"{field}={', '.join(quoted[:-1])} or {quoted[-1]}"
+
+
+def suggested_cache_dtypes(rejected: str, usable: Iterable[str]) -> list[str]:
+    """The cache dtypes to suggest instead of ``rejected``.
+
+    For a rejected fp8 format: the fp8 formats the device can store, named
+    exactly (``fp8_e5m2`` rather than the ``fp8`` alias). Otherwise, and when
+    no fp8 format works: the non-fp8 choices.
+    """
+    usable = list(usable)
+    if is_fp8_cache(rejected):
+        named = [d for d in usable if is_fp8_cache(d) and d != "fp8" and d != rejected]
+        if named:
+            return named
+        if "fp8" in usable and rejected != "fp8":
+            return ["fp8"]
+    return [d for d in usable if not is_fp8_cache(d) and d != rejected]
+
+
+def cache_dtype_message(
+    platform: Platform, cache_dtype: str, why: str, usable: Iterable[str]
+) -> str:
+    """The error text for a cache dtype ``platform`` cannot store.
+
+    Names the option, the device, the reason ``why`` and the exact values
+    that work (chosen from ``usable``).
+    """
+    choices = suggested_cache_dtypes(cache_dtype, usable)
+    return (
+        f"cache.cache_dtype={cache_dtype!r} is not supported on {platform.describe_device()}: "
+        f"{why}; use {quote_choices(choices, 'cache.cache_dtype')}"
+    )
+
+
+def cache_dtype_problem_for(
+    platform: Platform, cache_dtype: str, obstacle: Callable[[str], str | None]
+) -> str | None:
+    """A platform's ``cache_dtype_problem`` built from its table and ``obstacle``.
+
+    ``obstacle(dtype)`` says why this device cannot store ``dtype`` (None when
+    it can, or when it has nothing specific to say about a dtype outside the
+    platform's ``cache_dtypes`` table). Dtypes outside the table are always
+    rejected (``fp8_inc`` as the Gaudi format). The message suggests the
+    values that work on this device.
+    """
+    why = obstacle(cache_dtype)
+    if why is None and cache_dtype not in platform.cache_dtypes:
+        if cache_dtype == "fp8_inc":
+            why = "fp8_inc is the Intel Gaudi (HPU) format"
+        else:
+            why = f"the {platform.name} platform does not store {cache_dtype} KV caches"
+    if why is None:
+        return None
+    usable = [d for d in platform.cache_dtypes if obstacle(d) is None]
+    return cache_dtype_message(platform, cache_dtype, why, usable)
+
+
+def model_dtype_message(platform: Platform, dtype: str, why: str, usable: Iterable[str]) -> str:
+    """The error text for a model dtype ``platform`` cannot run, suggesting ``usable``."""
+    return (
+        f"model.dtype={dtype!r} is not supported on {platform.describe_device()}: {why}; "
+        f"use {quote_choices(list(usable), 'model.dtype')}"
+    )
+
+
+def fill_unset(changes: ChangeLog, path: str, value: Any, reason: str) -> bool:
+    """Record ``value`` at ``path`` unless the user set that field; True if filled."""
+    if changes.was_set(path):
+        return False
+    changes.record(path, value, reason)
+    return True
+
+
+_GFX = re.compile(r"^gfx(\d{1,2})([0-9a-f])([0-9a-f])$")
+
+
+def gfx_version(arch: str | None) -> tuple[int, int, int] | None:
+    """``"gfx90a"`` -> ``(9, 0, 10)``; ``"gfx1100"`` -> ``(11, 0, 0)``; None if not a gfx name.
+
+    Feature suffixes such as ``gfx942:sramecc+:xnack-`` are ignored.
+    """
+    if not arch:
+        return None
+    base = arch.strip().lower().split(":", 1)[0]
+    match = _GFX.match(base)
+    if match is None:
+        return None
+    return int(match.group(1)), int(match.group(2), 16), int(match.group(3), 16)
+
+
+def gfx_capability(arch: str | None) -> DeviceCapability | None:
+    """The ``(major, minor)`` capability torch reports on ROCm for a gfx arch."""
+    version = gfx_version(arch)
+    return None if version is None else DeviceCapability(version[0], version[1])
+
+
+def torch_version() -> tuple[int, int] | None:
+    """``(major, minor)`` of the installed torch, from package metadata (no import)."""
+    from importlib import metadata
+
+    try:
+        text = metadata.version("torch")
+    except metadata.PackageNotFoundError:
+        return None
+    match = re.match(r"^(\d+)\.(\d+)", text)
+    return None if match is None else (int(match.group(1)), int(match.group(2)))
+
+
+def query_quietly(what: str, query: Callable[[], T]) -> T | None:
+    """Run a vendor-library query; None (logged at debug level) if it fails.
+
+    Management libraries fail for reasons the caller cannot fix (no driver,
+    a container without the device files); every device query has a fallback.
+    """
+    try:
+        return query()
+    except Exception as exc:  # the vendor libraries raise their own exception types
+        logger.debug("%s failed: %s: %s", what, type(exc).__name__, exc)
+        return None
+
+
+class QueryCache:
+    """Results of device queries on real hardware, by (what, device index).
+
+    Only answers are kept: a query that found nothing is asked again next time.
+    """
+
+    def __init__(self) -> None:
+        self._values: dict[tuple[str, int], Any] = {}
+
+    def get(self, what: str, i: int, query: Callable[[], T | None]) -> T | None:
+        """The cached answer for ``(what, i)``, running ``query`` the first time."""
+        key = (what, i)
+        if key not in self._values:
+            value = query()
+            if value is None:
+                return None
+            self._values[key] = value
+        result: T = self._values[key]
+        return result
+
+
+def torch_cuda_query(what: str, query: Callable[[Any], T]) -> T | None:
+    """Run ``query(torch.cuda)``; None without torch or without a visible GPU.
+
+    Initialises CUDA (or HIP) in the calling process: only ever a fallback.
+    """
+    try:
+        import torch
+    except ImportError:
+        return None
+
+    def run() -> T | None:
+        if not torch.cuda.is_available():
+            return None
+        return query(torch.cuda)
+
+    return query_quietly(f"torch.cuda {what}", run)

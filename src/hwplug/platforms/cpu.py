@@ -1,0 +1,278 @@
+"""The host CPU: always present, the lowest-priority platform.
+
+Most of what the CPU can do depends on Intel Extension for PyTorch (IPEX):
+without it the attention kernels take only block size 16 and store no fp8.
+The KV cache lives in host memory, sized by ``cache.cpu_kvcache_space_bytes``
+(or ``HWPLUG_CPU_KVCACHE_SPACE`` GiB) rather than a share of device memory.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from typing import TYPE_CHECKING, ClassVar
+
+from hwplug.core.errors import ConfigError
+from hwplug.core.hookspecs import hookimpl
+from hwplug.core.platform import DeviceInfo, GiB, Platform, canonical_dtype
+from hwplug.platforms._common import (
+    cache_dtype_problem_for,
+    fill_unset,
+    is_fp8_cache,
+    model_dtype_message,
+)
+
+if TYPE_CHECKING:
+    from hwplug.core.config import EngineConfig, ModelConfig
+    from hwplug.core.resolve import ChangeLog
+
+__all__ = ["KVCACHE_SPACE_ENV", "CpuPlatform", "hwplug_platforms"]
+
+KVCACHE_SPACE_ENV = "HWPLUG_CPU_KVCACHE_SPACE"
+"""Environment variable: the CPU KV-cache space in GiB (a positive number)."""
+
+
+class CpuPlatform(Platform):
+    """The host CPU (gloo, ``CPU_VISIBLE_MEMORY_NODES``); IPEX unlocks more."""
+
+    name = "cpu"
+    device_type = "cpu"
+    dispatch_key = "CPU"
+    dist_backend = "gloo"
+    priority = 0
+    ray_device_key = ""
+    device_control_env_var = "CPU_VISIBLE_MEMORY_NODES"
+    vendor = "any"
+
+    ipex_feature: ClassVar[str] = "ipex"
+    """Device feature flag meaning intel_extension_for_pytorch is importable."""
+    block_sizes = (16,)
+    default_block = 16
+    ipex_block_sizes: ClassVar[tuple[int, ...]] = (16, 32, 64, 128)
+    """Block sizes the IPEX paged-attention kernels take."""
+    ipex_default_block: ClassVar[int] = 128
+
+    cache_dtypes = ("auto", "bfloat16", "fp8", "fp8_e5m2")
+    ipex_cache_dtypes: ClassVar[frozenset[str]] = frozenset({"fp8", "fp8_e5m2"})
+    """Cache dtypes only IPEX can store."""
+    fp8_format = "fp8_e5m2"
+    """The format the ``fp8`` alias stands for."""
+    fp8_dtype_name = "float8_e5m2"
+
+    model_dtypes = ("bfloat16", "float16", "float32")
+    supports_device_graphs = False
+    default_compilation_level = 2
+    max_compilation_level = 3
+    representative_profile = "cpu-generic"
+
+    default_kvcache_space_gib: ClassVar[float] = 4.0
+    """KV-cache space when neither the config nor ``HWPLUG_CPU_KVCACHE_SPACE`` says."""
+    compile_backend: ClassVar[str] = "inductor"
+    """``compilation.backend`` filled in when unset."""
+    executor_backend: ClassVar[str] = "mp"
+    """The only executor for more than one rank."""
+
+    # -- discovery -----------------------------------------------------------
+    @classmethod
+    def detect(cls) -> list[DeviceInfo]:
+        """Always one device: this host's CPU (model, ISA flags, memory, IPEX)."""
+        from hwplug.platforms.probes import probe_cpu
+
+        return [probe_cpu()]
+
+    @classmethod
+    def profiles(cls) -> dict[str, DeviceInfo]:
+        from hwplug.platforms.profiles import PROFILES
+
+        return dict(PROFILES[cls.name])
+
+    def has_ipex(self) -> bool:
+        """Whether intel_extension_for_pytorch is importable (or the profile says so)."""
+        return self.has_feature(self.ipex_feature)
+
+    # -- KV cache ------------------------------------------------------------------
+    def default_block_size(self, config: EngineConfig) -> int:
+        """128 with IPEX, else 16."""
+        return self.ipex_default_block if self.has_ipex() else self.default_block
+
+    def supported_block_sizes(self, model_config: ModelConfig | None = None) -> tuple[int, ...]:
+        """16, 32, 64, 128 with IPEX; only 16 without."""
+        return self.ipex_block_sizes if self.has_ipex() else self.block_sizes
+
+    def _cache_dtype_obstacle(self, cache_dtype: str) -> str | None:
+        if cache_dtype == "fp8_e4m3":
+            return f"the CPU stores fp8 KV caches only as {self.fp8_format}" + (
+                "" if self.has_ipex() else ", and only with intel_extension_for_pytorch"
+            )
+        if cache_dtype in self.ipex_cache_dtypes and not self.has_ipex():
+            what = f"fp8 (= {self.fp8_format})" if cache_dtype == "fp8" else cache_dtype
+            return f"an {what} KV cache needs intel_extension_for_pytorch, which is not installed"
+        return None
+
+    def cache_dtype_problem(self, cache_dtype: str, config: EngineConfig | None) -> str | None:
+        """Device limits (fp8 needs IPEX and means e5m2), then conflicts with ``config``.
+
+        With an fp8 cache, prefix caching and chunked prefill must be off.
+        """
+        problem = cache_dtype_problem_for(self, cache_dtype, self._cache_dtype_obstacle)
+        if problem is not None or config is None or not is_fp8_cache(cache_dtype):
+            return problem
+        for path, value in (
+            ("cache.enable_prefix_caching", config.cache.enable_prefix_caching),
+            ("scheduler.enable_chunked_prefill", config.scheduler.enable_chunked_prefill),
+        ):
+            if value:
+                return (
+                    f"{path}=True cannot be used with cache.cache_dtype={cache_dtype!r} on "
+                    f"{self.describe_device()}: the CPU attention kernels read no fp8 cache "
+                    f"in that mode; set {path}=False, or use cache.cache_dtype='auto' "
+                    "or 'bfloat16'"
+                )
+        return None
+
+    def default_prefix_caching(self, config: EngineConfig) -> tuple[bool, str]:
+        """Off with an fp8 KV cache, else on."""
+        if is_fp8_cache(config.cache.cache_dtype):
+            return (
+                False,
+                f"cache.cache_dtype={config.cache.cache_dtype!r}: no prefix caching on cpu",
+            )
+        return super().default_prefix_caching(config)
+
+    def default_chunked_prefill(self, config: EngineConfig) -> tuple[bool, str]:
+        """Off with an fp8 KV cache, else on."""
+        if is_fp8_cache(config.cache.cache_dtype):
+            return (
+                False,
+                f"cache.cache_dtype={config.cache.cache_dtype!r}: no chunked prefill on cpu",
+            )
+        return super().default_chunked_prefill(config)
+
+    # -- model dtypes -----------------------------------------------------------------
+    def model_dtype_problem(self, dtype: str, config: EngineConfig | None) -> str | None:
+        """float16 models cannot be combined with an fp8 KV cache (use bfloat16)."""
+        if (
+            config is not None
+            and canonical_dtype(dtype) == "float16"
+            and is_fp8_cache(config.cache.cache_dtype)
+        ):
+            return model_dtype_message(
+                self,
+                dtype,
+                f"with cache.cache_dtype={config.cache.cache_dtype!r} the CPU runs "
+                "float16 models only as bfloat16",
+                ["bfloat16"],
+            )
+        return super().model_dtype_problem(dtype, config)
+
+    # -- memory ---------------------------------------------------------------------
+    def kvcache_space_bytes(self) -> tuple[int, str]:
+        """Bytes for the KV cache from ``HWPLUG_CPU_KVCACHE_SPACE`` (GiB), default 4 GiB.
+
+        Returns the bytes and where they came from; a value that is not a
+        positive number raises :class:`ConfigError` naming the variable.
+        """
+        raw = os.environ.get(KVCACHE_SPACE_ENV, "").strip()
+        if not raw:
+            gib = self.default_kvcache_space_gib
+            return int(gib * GiB), f"default {gib:g} GiB (set {KVCACHE_SPACE_ENV} to change it)"
+        try:
+            gib = float(raw)
+        except ValueError:
+            gib = math.nan
+        if not math.isfinite(gib) or gib <= 0:
+            raise ConfigError(
+                f"{KVCACHE_SPACE_ENV}={raw!r} is not a valid KV-cache size: it must be a "
+                "positive number of GiB, such as 4 or 0.5"
+            )
+        return int(gib * GiB), f"{KVCACHE_SPACE_ENV}={raw} GiB"
+
+    def kv_cache_budget_bytes(self, config: EngineConfig, used_bytes: int = 0) -> int:
+        """``cache.cpu_kvcache_space_bytes`` (else the environment's): a dedicated budget.
+
+        ``used_bytes`` does not reduce it: the space is set aside for the cache.
+        """
+        space = config.cache.cpu_kvcache_space_bytes
+        return space if space is not None else self.kvcache_space_bytes()[0]
+
+    # -- configuration ----------------------------------------------------------------
+    def check_and_update_config(self, config: EngineConfig, changes: ChangeLog) -> None:
+        """Block size, compilation backend and custom ops, executor, KV-cache space.
+
+        Explicit choices the CPU cannot honour raise :class:`ConfigError`: an
+        fp8 cache with prefix caching or chunked prefill on, or with a float16
+        model; an executor other than ``mp`` for more than one rank.
+        """
+        if config.cache.block_size is None:
+            changes.record(
+                "cache.block_size",
+                self.default_block_size(config),
+                "intel_extension_for_pytorch pages the cache in blocks of 128"
+                if self.has_ipex()
+                else "without intel_extension_for_pytorch the CPU takes block size 16 only",
+            )
+        super().check_and_update_config(config, changes)
+        device = self.describe_device()
+
+        problem = self.cache_dtype_problem(config.cache.cache_dtype, config)
+        if problem is None:
+            problem = self.model_dtype_problem(config.model.dtype, config)
+        if problem is not None:
+            raise ConfigError(problem)
+
+        comp = config.compilation
+        fill_unset(
+            changes,
+            "compilation.backend",
+            self.compile_backend,
+            f"{device} compiles with {self.compile_backend}",
+        )
+        if comp.use_inductor:
+            fill_unset(
+                changes,
+                "compilation.custom_ops",
+                ["none"],
+                "Inductor generates the CPU kernels: custom ops off",
+            )
+
+        world = config.parallel.world_size
+        if world > 1:
+            executor = config.parallel.distributed_executor_backend
+            if executor is None:
+                changes.record(
+                    "parallel.distributed_executor_backend",
+                    self.executor_backend,
+                    f"{world} ranks on the CPU run as processes",
+                )
+            elif executor != self.executor_backend:
+                raise ConfigError(
+                    f"parallel.distributed_executor_backend={executor!r} is not supported on "
+                    f"{device} with {world} ranks (parallel.world_size={world}); use "
+                    f"parallel.distributed_executor_backend='{self.executor_backend}'"
+                )
+
+        if config.cache.cpu_kvcache_space_bytes is None:
+            space, origin = self.kvcache_space_bytes()
+            changes.record("cache.cpu_kvcache_space_bytes", space, f"KV-cache space: {origin}")
+
+    def verify_config(self, config: EngineConfig) -> None:
+        """The base checks, with the IPEX hint for block sizes other than 16."""
+        block_size = config.cache.block_size
+        if block_size is not None and block_size not in self.supported_block_sizes(config.model):
+            allowed = ", ".join(str(b) for b in self.supported_block_sizes(config.model))
+            hint = (
+                ""
+                if self.has_ipex()
+                else "; block sizes 32, 64 and 128 need intel_extension_for_pytorch"
+            )
+            raise ConfigError(
+                f"cache.block_size={block_size} is not supported on {self.describe_device()}; "
+                f"use one of: {allowed}{hint}"
+            )
+        super().verify_config(config)
+
+
+@hookimpl
+def hwplug_platforms() -> list[type[Platform]]:
+    """The built-in CPU platform."""
+    return [CpuPlatform]

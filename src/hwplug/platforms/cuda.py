@@ -1,0 +1,281 @@
+"""NVIDIA GPUs through CUDA.
+
+The rules are data: which block sizes the attention kernels take, which
+cache dtypes need which compute capability. Device queries on real hardware
+go to NVML first (no CUDA context), then to what detection found, and only
+then to ``torch.cuda``, which initialises CUDA in the calling process.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
+
+from hwplug.core.hookspecs import hookimpl
+from hwplug.core.platform import DeviceCapability, DeviceInfo, Platform, canonical_dtype
+from hwplug.platforms._common import (
+    QueryCache,
+    cache_dtype_problem_for,
+    model_dtype_message,
+    query_quietly,
+    torch_cuda_query,
+)
+
+if TYPE_CHECKING:
+    from hwplug.core.config import EngineConfig, ModelConfig
+    from hwplug.core.resolve import ChangeLog
+
+__all__ = ["CudaPlatform", "hwplug_platforms"]
+
+T = TypeVar("T")
+
+
+class CudaPlatform(Platform):
+    """NVIDIA GPUs (CUDA graphs, NCCL, ``CUDA_VISIBLE_DEVICES``)."""
+
+    name = "cuda"
+    device_type = "cuda"
+    dispatch_key = "CUDA"
+    dist_backend = "nccl"
+    priority = 10
+    ray_device_key = "GPU"
+    device_control_env_var = "CUDA_VISIBLE_DEVICES"
+    vendor = "NVIDIA"
+
+    block_sizes = (8, 16, 32)
+    default_block = 16
+    mla_block_sizes: ClassVar[tuple[int, ...]] = (16, 32, 64, 128)
+    """Block sizes the MLA kernels take (``model.use_mla``)."""
+    mla_default_block_by_major: ClassVar[dict[int, int]] = {10: 128, 9: 64}
+    """MLA default block size by compute-capability major (Blackwell 128, Hopper 64); else 16."""
+
+    cache_dtypes = ("auto", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2")
+    cache_dtype_min_capability: ClassVar[dict[str, DeviceCapability]] = {
+        "bfloat16": DeviceCapability(8, 0),
+        "fp8": DeviceCapability(8, 9),
+        "fp8_e4m3": DeviceCapability(8, 9),
+        "fp8_e5m2": DeviceCapability(8, 0),
+    }
+    """Lowest compute capability that stores each cache dtype (absent: any)."""
+    fp8_format = "fp8_e4m3"
+    """The format the ``fp8`` alias stands for."""
+    fp8_dtype_name = "float8_e4m3fn"
+
+    model_dtypes = ("bfloat16", "float16", "float32")
+    bf16_min_capability: ClassVar[DeviceCapability] = DeviceCapability(8, 0)
+    """Lowest compute capability that runs bfloat16 models (Ampere)."""
+
+    supports_device_graphs = True
+    supports_piecewise_graphs = True
+    graphs_need_compilation = True
+    default_compilation_level = 3
+    max_compilation_level = 3
+    representative_profile = "h100"
+
+    def __init__(
+        self,
+        devices: Iterable[DeviceInfo] = (),
+        *,
+        simulated: bool = False,
+        profile: str | None = None,
+    ) -> None:
+        super().__init__(devices, simulated=simulated, profile=profile)
+        self._queried = QueryCache()
+
+    # -- discovery -----------------------------------------------------------
+    @classmethod
+    def detect(cls) -> list[DeviceInfo]:
+        """NVIDIA GPUs from sysfs, ``/proc/driver/nvidia`` and NVML (no torch)."""
+        from hwplug.platforms.probes import probe_nvidia
+
+        return list(probe_nvidia())
+
+    @classmethod
+    def profiles(cls) -> dict[str, DeviceInfo]:
+        from hwplug.platforms.profiles import PROFILES
+
+        return dict(PROFILES[cls.name])
+
+    # -- device queries ---------------------------------------------------------
+    def _detected(self, i: int) -> DeviceInfo | None:
+        return self.devices[i] if 0 <= i < len(self.devices) else None
+
+    def _nvml_target(self, i: int) -> int | str:
+        """The NVML index of logical device ``i``, or the UUID the visibility variable gives."""
+        try:
+            return self.device_id_to_physical_device_id(i)
+        except ValueError:
+            entries = os.environ.get(self.device_control_env_var, "").split(",")
+            return entries[i].strip()
+
+    def _nvml(self, i: int, what: str, query: Callable[[Any, Any], T]) -> T | None:
+        """Run ``query(pynvml, handle)`` for device ``i`` inside nvmlInit/nvmlShutdown."""
+        try:
+            import pynvml
+        except ImportError:
+            return None
+        target = self._nvml_target(i)
+
+        def run() -> T:
+            pynvml.nvmlInit()
+            try:
+                if isinstance(target, int):
+                    handle = pynvml.nvmlDeviceGetHandleByIndex(target)
+                else:
+                    handle = pynvml.nvmlDeviceGetHandleByUUID(target)
+                return query(pynvml, handle)
+            finally:
+                pynvml.nvmlShutdown()
+
+        return query_quietly(f"NVML {what} of device {target}", run)
+
+    def get_device_capability(self, i: int = 0) -> DeviceCapability | None:
+        """Compute capability of device ``i``.
+
+        Simulated: the profile's. Real: NVML (cached), else the detected value,
+        else ``torch.cuda`` (which initialises CUDA); None when nothing knows.
+        """
+        if self.simulated:
+            return super().get_device_capability(i)
+
+        def query() -> DeviceCapability | None:
+            cap = self._nvml(
+                i,
+                "compute capability",
+                lambda nv, h: DeviceCapability(*nv.nvmlDeviceGetCudaComputeCapability(h)),
+            )
+            detected = self._detected(i)
+            if cap is None and detected is not None:
+                cap = detected.capability
+            if cap is None:
+                cap = torch_cuda_query(
+                    "capability", lambda tc: DeviceCapability(*tc.get_device_capability(i))
+                )
+            return cap
+
+        return self._queried.get("capability", i, query)
+
+    def get_device_name(self, i: int = 0) -> str:
+        """Marketing name of device ``i`` (NVML, detection, then ``torch.cuda``)."""
+        if self.simulated:
+            return super().get_device_name(i)
+
+        def query() -> str | None:
+            name = self._nvml(i, "name", lambda nv, h: _text(nv.nvmlDeviceGetName(h)))
+            detected = self._detected(i)
+            if name is None and detected is not None and detected.name:
+                name = detected.name
+            if name is None:
+                name = torch_cuda_query("name", lambda tc: str(tc.get_device_name(i)))
+            return name
+
+        name = self._queried.get("name", i, query)
+        return name if name is not None else super().get_device_name(i)
+
+    def get_device_total_memory(self, i: int = 0) -> int:
+        """Total memory of device ``i`` in bytes (NVML, detection, then ``torch.cuda``)."""
+        if self.simulated:
+            return super().get_device_total_memory(i)
+
+        def query() -> int | None:
+            total = self._nvml(i, "memory", lambda nv, h: int(nv.nvmlDeviceGetMemoryInfo(h).total))
+            detected = self._detected(i)
+            if total is None and detected is not None and detected.total_memory:
+                total = detected.total_memory
+            if total is None:
+                total = torch_cuda_query(
+                    "memory", lambda tc: int(tc.get_device_properties(i).total_memory)
+                )
+            return total
+
+        total = self._queried.get("memory", i, query)
+        return total if total is not None else 0
+
+    def get_current_memory_usage(self, i: int = 0) -> int:
+        """Bytes in use on device ``i``: NVML's used memory, else ``torch.cuda.memory_allocated``.
+
+        Simulated devices are idle (0). Not cached.
+        """
+        if self.simulated:
+            return super().get_current_memory_usage(i)
+        used = self._nvml(i, "memory usage", lambda nv, h: int(nv.nvmlDeviceGetMemoryInfo(h).used))
+        if used is None:
+            used = torch_cuda_query("memory usage", lambda tc: int(tc.memory_allocated(i)))
+        return used if used is not None else 0
+
+    def _capability(self) -> DeviceCapability | None:
+        return self.get_device_capability(0) if self.devices else None
+
+    # -- KV cache ------------------------------------------------------------------
+    def default_block_size(self, config: EngineConfig) -> int:
+        """16; for MLA models 128 on compute capability 10.x, 64 on 9.x."""
+        if config.model.use_mla:
+            cap = self._capability()
+            if cap is not None:
+                return self.mla_default_block_by_major.get(cap.major, self.default_block)
+        return self.default_block
+
+    def supported_block_sizes(self, model_config: ModelConfig | None = None) -> tuple[int, ...]:
+        if model_config is not None and model_config.use_mla:
+            return self.mla_block_sizes
+        return self.block_sizes
+
+    def _cache_dtype_obstacle(self, cache_dtype: str) -> str | None:
+        need = self.cache_dtype_min_capability.get(cache_dtype)
+        cap = self._capability()
+        if need is None or cap is None or cap >= need:
+            return None
+        what = f"fp8 (= {self.fp8_format})" if cache_dtype == "fp8" else cache_dtype
+        return f"{what} needs compute capability >= {need}, this GPU has {cap}"
+
+    def cache_dtype_problem(self, cache_dtype: str, config: EngineConfig | None) -> str | None:
+        return cache_dtype_problem_for(self, cache_dtype, self._cache_dtype_obstacle)
+
+    def check_and_update_config(self, config: EngineConfig, changes: ChangeLog) -> None:
+        """Block size: 16, or the MLA kernels' size for MLA models."""
+        if config.cache.block_size is None and config.model.use_mla:
+            size = self.default_block_size(config)
+            changes.record(
+                "cache.block_size",
+                size,
+                f"MLA attention on {self.describe_device()} pages the cache in blocks of {size}",
+            )
+        super().check_and_update_config(config, changes)
+
+    # -- model dtypes -----------------------------------------------------------------
+    def supported_model_dtypes(self) -> tuple[str, ...]:
+        """bfloat16, float16, float32; no bfloat16 below compute capability 8.0."""
+        cap = self._capability()
+        if cap is not None and cap < self.bf16_min_capability:
+            return tuple(d for d in self.model_dtypes if d != "bfloat16")
+        return self.model_dtypes
+
+    def model_dtype_problem(self, dtype: str, config: EngineConfig | None) -> str | None:
+        if canonical_dtype(dtype) == "bfloat16" and not self.supports_dtype("bfloat16"):
+            return model_dtype_message(
+                self,
+                dtype,
+                f"bfloat16 needs compute capability >= {self.bf16_min_capability}, "
+                f"this GPU has {self._capability()}",
+                ["float16"],
+            )
+        return super().model_dtype_problem(dtype, config)
+
+    # -- graphs ----------------------------------------------------------------------
+    def graph_wrapper_cls(self) -> type | None:
+        """The CUDA-graph wrapper (``torch.cuda.CUDAGraph``)."""
+        from hwplug.platforms.graph_backends import CUDAGraphWrapper
+
+        return CUDAGraphWrapper
+
+
+def _text(value: str | bytes) -> str:
+    """Older pynvml releases return bytes."""
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+@hookimpl
+def hwplug_platforms() -> list[type[Platform]]:
+    """The built-in CUDA platform."""
+    return [CudaPlatform]

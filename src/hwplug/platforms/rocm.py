@@ -1,0 +1,297 @@
+"""AMD GPUs through ROCm (HIP behind the ``torch.cuda`` API).
+
+Most rules depend on the GPU's ISA generation (``gfx942`` and so on): fp8 KV
+caches need gfx94x, gfx95x or gfx12, and gfx94x (MI300X, MI325X) stores fp8
+in the FNUZ encoding. Device queries on real hardware go to amdsmi first,
+then to what detection found, and only then to ``torch.cuda``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
+
+from hwplug.core.hookspecs import hookimpl
+from hwplug.core.platform import DeviceCapability, DeviceInfo, Platform, canonical_dtype
+from hwplug.platforms._common import (
+    QueryCache,
+    cache_dtype_problem_for,
+    gfx_capability,
+    gfx_version,
+    model_dtype_message,
+    query_quietly,
+    torch_cuda_query,
+)
+
+if TYPE_CHECKING:
+    from hwplug.core.config import EngineConfig, ModelConfig
+
+__all__ = ["RocmPlatform", "hwplug_platforms"]
+
+T = TypeVar("T")
+
+
+class RocmPlatform(Platform):
+    """AMD Instinct and Radeon GPUs (HIP graphs, RCCL, ``HIP_VISIBLE_DEVICES``)."""
+
+    name = "rocm"
+    device_type = "cuda"
+    dispatch_key = "CUDA"
+    dist_backend = "nccl"
+    priority = 10
+    ray_device_key = "GPU"
+    device_control_env_var = "HIP_VISIBLE_DEVICES"
+    vendor = "AMD"
+
+    block_sizes = (16, 32)
+    default_block = 16
+    mla_block_sizes: ClassVar[tuple[int, ...]] = (1, 16, 32)
+    """Block sizes for MLA models: the AITER MLA kernel takes block size 1."""
+
+    cache_dtypes = ("auto", "bfloat16", "fp8", "fp8_e4m3")
+    fp8_archs: ClassVar[tuple[str, ...]] = ("gfx94", "gfx95", "gfx12")
+    """gfx arch prefixes with fp8 support (MI300 class and later, RDNA4)."""
+    fnuz_archs: ClassVar[tuple[str, ...]] = ("gfx94",)
+    """gfx arch prefixes whose fp8 is e4m3fnuz (MI300X, MI325X)."""
+    fp8_format = "fp8_e4m3"
+    """The format the ``fp8`` alias stands for."""
+
+    model_dtypes = ("bfloat16", "float16", "float32")
+    bf16_min_arch: ClassVar[tuple[int, int, int]] = (9, 0, 0xA)
+    """bfloat16 (models and caches) needs gfx90a or later."""
+
+    supports_device_graphs = True
+    supports_piecewise_graphs = True
+    graphs_need_compilation = True
+    default_compilation_level = 3
+    max_compilation_level = 3
+    representative_profile = "mi300x"
+
+    def __init__(
+        self,
+        devices: Iterable[DeviceInfo] = (),
+        *,
+        simulated: bool = False,
+        profile: str | None = None,
+    ) -> None:
+        super().__init__(devices, simulated=simulated, profile=profile)
+        self._queried = QueryCache()
+
+    # -- discovery -----------------------------------------------------------
+    @classmethod
+    def detect(cls) -> list[DeviceInfo]:
+        """AMD GPUs from the KFD topology in sysfs and amdsmi (no torch)."""
+        from hwplug.platforms.probes import probe_amd
+
+        return list(probe_amd())
+
+    @classmethod
+    def profiles(cls) -> dict[str, DeviceInfo]:
+        from hwplug.platforms.profiles import PROFILES
+
+        return dict(PROFILES[cls.name])
+
+    # -- the ISA generation ------------------------------------------------------
+    def device_arch(self, i: int = 0) -> str | None:
+        """The gfx arch of device ``i`` (``"gfx942"``), None when unknown.
+
+        Detection (or the profile) records it; on real hardware without it,
+        amdsmi is asked, then ``torch.cuda`` (which initialises HIP).
+        """
+        detected = self._detected(i)
+        if detected is not None and detected.arch:
+            return detected.arch
+        if self.simulated:
+            return None
+
+        def query() -> str | None:
+            arch = self._amdsmi(
+                i, "arch", lambda smi, h: smi.amdsmi_get_gpu_asic_info(h)["target_graphics_version"]
+            )
+            if not arch:
+                arch = torch_cuda_query(
+                    "arch", lambda tc: str(tc.get_device_properties(i).gcnArchName)
+                )
+            return str(arch).split(":", 1)[0] if arch else None
+
+        return self._queried.get("arch", i, query)
+
+    def _arch_is(self, prefixes: tuple[str, ...]) -> bool:
+        arch = self.device_arch(0) if self.devices else None
+        return arch is not None and arch.lower().startswith(prefixes)
+
+    def _has_bf16(self) -> bool:
+        version = gfx_version(self.device_arch(0) if self.devices else None)
+        return version is None or version >= self.bf16_min_arch
+
+    @property
+    def fp8_dtype_name(self) -> str:  # type: ignore[override]
+        """``float8_e4m3fnuz`` on gfx94x (MI300X, MI325X), else ``float8_e4m3fn``."""
+        return "float8_e4m3fnuz" if self._arch_is(self.fnuz_archs) else "float8_e4m3fn"
+
+    def is_fp8_fnuz(self) -> bool:
+        """True on gfx94x: no negative zero, no infinities, exponent bias 8."""
+        return self._arch_is(self.fnuz_archs)
+
+    # -- device queries ---------------------------------------------------------
+    def _detected(self, i: int) -> DeviceInfo | None:
+        return self.devices[i] if 0 <= i < len(self.devices) else None
+
+    def _amdsmi(self, i: int, what: str, query: Callable[[Any, Any], T]) -> T | None:
+        """Run ``query(amdsmi, handle)`` for device ``i`` inside amdsmi_init/amdsmi_shut_down."""
+        try:
+            import amdsmi
+        except ImportError:
+            return None
+        physical = self.device_id_to_physical_device_id(i)
+
+        def run() -> T:
+            amdsmi.amdsmi_init()
+            try:
+                handle = amdsmi.amdsmi_get_processor_handles()[physical]
+                return query(amdsmi, handle)
+            finally:
+                amdsmi.amdsmi_shut_down()
+
+        return query_quietly(f"amdsmi {what} of device {physical}", run)
+
+    def get_device_capability(self, i: int = 0) -> DeviceCapability | None:
+        """The gfx arch as ``(major, minor)``, as torch reports it (gfx942 -> 9.4).
+
+        Real hardware: amdsmi (cached), the detected value, then ``torch.cuda``.
+        """
+        if self.simulated:
+            cap = super().get_device_capability(i)
+            return cap if cap is not None else gfx_capability(self.device_arch(i))
+
+        def query() -> DeviceCapability | None:
+            cap = self._amdsmi(
+                i,
+                "arch",
+                lambda smi, h: gfx_capability(
+                    smi.amdsmi_get_gpu_asic_info(h)["target_graphics_version"]
+                ),
+            )
+            detected = self._detected(i)
+            if cap is None and detected is not None:
+                cap = detected.capability or gfx_capability(detected.arch)
+            if cap is None:
+                cap = torch_cuda_query(
+                    "capability", lambda tc: DeviceCapability(*tc.get_device_capability(i))
+                )
+            return cap
+
+        return self._queried.get("capability", i, query)
+
+    def get_device_name(self, i: int = 0) -> str:
+        """Marketing name of device ``i`` (amdsmi, detection, then ``torch.cuda``)."""
+        if self.simulated:
+            return super().get_device_name(i)
+
+        def query() -> str | None:
+            name = self._amdsmi(
+                i, "name", lambda smi, h: smi.amdsmi_get_gpu_asic_info(h)["market_name"]
+            )
+            detected = self._detected(i)
+            if not name and detected is not None and detected.name:
+                name = detected.name
+            if not name:
+                name = torch_cuda_query("name", lambda tc: tc.get_device_name(i))
+            return str(name) if name else None
+
+        name = self._queried.get("name", i, query)
+        return name if name is not None else super().get_device_name(i)
+
+    def get_device_total_memory(self, i: int = 0) -> int:
+        """Total VRAM of device ``i`` in bytes (amdsmi, detection, then ``torch.cuda``)."""
+        if self.simulated:
+            return super().get_device_total_memory(i)
+
+        def query() -> int | None:
+            total = self._amdsmi(
+                i,
+                "memory",
+                lambda smi, h: int(smi.amdsmi_get_gpu_memory_total(h, smi.AmdSmiMemoryType.VRAM)),
+            )
+            detected = self._detected(i)
+            if total is None and detected is not None and detected.total_memory:
+                total = detected.total_memory
+            if total is None:
+                total = torch_cuda_query(
+                    "memory", lambda tc: int(tc.get_device_properties(i).total_memory)
+                )
+            return total
+
+        total = self._queried.get("memory", i, query)
+        return total if total is not None else 0
+
+    def get_current_memory_usage(self, i: int = 0) -> int:
+        """Bytes of VRAM in use on device ``i`` (amdsmi, else ``torch.cuda.memory_allocated``).
+
+        Simulated devices are idle (0). Not cached.
+        """
+        if self.simulated:
+            return super().get_current_memory_usage(i)
+        used = self._amdsmi(
+            i,
+            "memory usage",
+            lambda smi, h: int(smi.amdsmi_get_gpu_memory_usage(h, smi.AmdSmiMemoryType.VRAM)),
+        )
+        if used is None:
+            used = torch_cuda_query("memory usage", lambda tc: int(tc.memory_allocated(i)))
+        return used if used is not None else 0
+
+    # -- KV cache ------------------------------------------------------------------
+    def supported_block_sizes(self, model_config: ModelConfig | None = None) -> tuple[int, ...]:
+        if model_config is not None and model_config.use_mla:
+            return self.mla_block_sizes
+        return self.block_sizes
+
+    def _cache_dtype_obstacle(self, cache_dtype: str) -> str | None:
+        if cache_dtype == "fp8_e5m2":
+            return (
+                f"ROCm stores fp8 KV caches only as {self.fp8_format}, "
+                "on gfx94x, gfx95x and gfx12 GPUs"
+            )
+        arch = self.device_arch(0) if self.devices else None
+        if arch is None:
+            return None
+        if cache_dtype in ("fp8", "fp8_e4m3") and not self._arch_is(self.fp8_archs):
+            what = f"fp8 (= {self.fp8_format})" if cache_dtype == "fp8" else cache_dtype
+            return f"{what} needs a gfx94x, gfx95x or gfx12 GPU, this one is {arch}"
+        if cache_dtype == "bfloat16" and not self._has_bf16():
+            return f"bfloat16 needs gfx90a or later, this GPU is {arch}"
+        return None
+
+    def cache_dtype_problem(self, cache_dtype: str, config: EngineConfig | None) -> str | None:
+        return cache_dtype_problem_for(self, cache_dtype, self._cache_dtype_obstacle)
+
+    # -- model dtypes -----------------------------------------------------------------
+    def supported_model_dtypes(self) -> tuple[str, ...]:
+        """bfloat16 (gfx90a and later), float16, float32."""
+        if self._has_bf16():
+            return self.model_dtypes
+        return tuple(d for d in self.model_dtypes if d != "bfloat16")
+
+    def model_dtype_problem(self, dtype: str, config: EngineConfig | None) -> str | None:
+        if canonical_dtype(dtype) == "bfloat16" and not self._has_bf16():
+            return model_dtype_message(
+                self,
+                dtype,
+                f"bfloat16 needs gfx90a or later, this GPU is {self.device_arch(0)}",
+                ["float16"],
+            )
+        return super().model_dtype_problem(dtype, config)
+
+    # -- graphs ----------------------------------------------------------------------
+    def graph_wrapper_cls(self) -> type | None:
+        """The CUDA-graph wrapper: HIP graphs through the ``torch.cuda`` API."""
+        from hwplug.platforms.graph_backends import CUDAGraphWrapper
+
+        return CUDAGraphWrapper
+
+
+@hookimpl
+def hwplug_platforms() -> list[type[Platform]]:
+    """The built-in ROCm platform."""
+    return [RocmPlatform]
