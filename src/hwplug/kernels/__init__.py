@@ -1,0 +1,49 @@
+"""fp8 KV-cache kernels: a Triton implementation and a pure-torch reference.
+
+Public entry points:
+
+- :func:`compute_kv_scales` derives per-tensor fp8 scales from keys and values
+  (this is what ``CacheConfig.calculate_kv_scales=True`` uses);
+- :func:`write_kv_cache` stores keys and values into a paged cache, quantising
+  to fp8 when the cache is fp8;
+- :func:`gather_kv_cache` reads them back.
+
+Importing this package imports torch but not triton: Triton is loaded only
+when a Triton kernel is about to run.
+"""
+
+from __future__ import annotations
+
+from hwplug.kernels.formats import (
+    CACHE_DTYPES,
+    FP8_FORMATS,
+    INPUT_DTYPES,
+    Fp8Format,
+    fp8_format,
+    fp8_max,
+    is_fp8,
+)
+from hwplug.kernels.paged_kv import (
+    BACKENDS,
+    compute_kv_scales,
+    gather_kv_cache,
+    select_backend,
+    triton_unavailable_reason,
+    write_kv_cache,
+)
+
+__all__ = [
+    "BACKENDS",
+    "CACHE_DTYPES",
+    "FP8_FORMATS",
+    "INPUT_DTYPES",
+    "Fp8Format",
+    "compute_kv_scales",
+    "fp8_format",
+    "fp8_max",
+    "gather_kv_cache",
+    "is_fp8",
+    "select_backend",
+    "triton_unavailable_reason",
+    "write_kv_cache",
+]
