@@ -1,0 +1,709 @@
+"""The ``hwplug`` command: inspect platforms, plugins and profiles; resolve configs.
+
+Installed as ``hwplug`` and runnable as ``python -m hwplug``::
+
+    hwplug info [--json]
+    hwplug plugins [--json]
+    hwplug profiles [--json]
+    hwplug resolve [--platform NAME | --simulate PROFILE] [--config FILE]
+                   [--set section.field=value ...] [--json]
+    hwplug matrix [--format table|markdown|json] [--installed]
+
+Every user error (a bad option, an unknown profile, platform or field, a
+malformed config file, a config the platform cannot run) ends the command with
+exit status 2 and one line on stderr, ``hwplug: error: ...``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import sys
+import warnings
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import typer
+from pydantic import ValidationError
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from hwplug._version import __version__
+from hwplug.core.errors import ConfigError, PluginError
+
+if TYPE_CHECKING:
+    from hwplug.core.config import EngineConfig
+    from hwplug.core.platform import DeviceInfo, Platform
+    from hwplug.plugins.manager import HwplugPluginManager
+
+__all__ = ["app", "main", "parse_set_option"]
+
+PROG = "hwplug"
+EXIT_USAGE = 2
+"""Exit status of every user error."""
+
+MATRIX_FORMATS = ("table", "markdown", "json")
+
+app = typer.Typer(
+    name=PROG,
+    help="Inspect hwplug's platforms, plugins and device profiles, and resolve engine configs.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    rich_markup_mode=None,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+
+
+# --------------------------------------------------------------------------- errors
+
+
+class CliError(Exception):
+    """A user error detected by the command line itself (exit status 2)."""
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
+
+
+def _validation_message(exc: ValidationError) -> str:
+    """One ``section.field: message`` line from a pydantic ``ValidationError``."""
+    from hwplug.core.config import EngineConfig
+
+    sections = {cls.__name__: name for name, cls in EngineConfig.section_types().items()}
+    prefix = sections.get(exc.title)
+    parts = []
+    for error in exc.errors():
+        loc = [str(part) for part in error.get("loc", ())]
+        if prefix and (not loc or loc[0] != prefix):
+            loc.insert(0, prefix)
+        where = ".".join(loc) or exc.title
+        message = error.get("msg", "invalid value")
+        if "input" in error and error.get("type") != "missing":
+            message += f" (got {error['input']!r:.60})"
+        parts.append(f"{where}: {message}")
+    return _one_line("; ".join(parts)) or _one_line(str(exc))
+
+
+def _error_message(exc: BaseException) -> str | None:
+    """The one-line message for a user error, or None for anything else (a bug)."""
+    from typer._click import exceptions as click_exc
+
+    if isinstance(exc, click_exc.UsageError):
+        text = exc.format_message()
+        ctx = exc.ctx
+        hint = f" (see '{ctx.command_path} --help')" if ctx is not None else ""
+        return _one_line(text) + hint
+    if isinstance(exc, click_exc.ClickException):
+        return _one_line(exc.format_message())
+    if isinstance(exc, ValidationError):
+        return _validation_message(exc)
+    if isinstance(exc, CliError | ConfigError | PluginError):
+        return _one_line(str(exc))
+    import yaml
+
+    if isinstance(exc, yaml.YAMLError):
+        return "malformed YAML: " + _one_line(str(exc))
+    if isinstance(exc, ValueError):
+        return _one_line(str(exc)) or type(exc).__name__
+    return None
+
+
+class _Buffer(logging.Handler):
+    """Holds hwplug's log warnings so that a failing command prints only its error."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
+@contextlib.contextmanager
+def _quiet_library() -> Iterator[_Buffer]:
+    """Route hwplug's warnings (log records and ``warnings``) into a buffer."""
+    from hwplug.plugins.manager import PluginWarning
+
+    logger = logging.getLogger("hwplug")
+    buffer = _Buffer()
+    propagate = logger.propagate
+    logger.addHandler(buffer)
+    logger.propagate = False
+    try:
+        with warnings.catch_warnings():
+            # Each of these is also logged (and shown once, from the buffer).
+            warnings.simplefilter("ignore", PluginWarning)
+            warnings.simplefilter("ignore", DeprecationWarning)
+            yield buffer
+    finally:
+        logger.removeHandler(buffer)
+        logger.propagate = propagate
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the ``hwplug`` command with ``argv`` (default: ``sys.argv[1:]``).
+
+    Returns the exit status: 0 on success, 2 after a user error (reported as
+    one ``hwplug: error: ...`` line on stderr).
+    """
+    from typer._click import exceptions as click_exc
+
+    args = list(sys.argv[1:] if argv is None else argv)
+    with _quiet_library() as buffer:
+        try:
+            result = app(args=args, prog_name=PROG, standalone_mode=False)
+        except click_exc.NoArgsIsHelpError as exc:
+            if exc.ctx is not None:
+                typer.echo(exc.ctx.get_help())
+            return 0
+        except typer.Abort:
+            typer.echo(f"{PROG}: error: aborted", err=True)
+            return 1
+        except Exception as exc:
+            message = _error_message(exc)
+            if message is None:
+                raise
+            typer.echo(f"{PROG}: error: {message}", err=True)
+            return EXIT_USAGE
+    for record in buffer.records:
+        typer.echo(f"{PROG}: warning: {_one_line(record.getMessage())}", err=True)
+    return result if isinstance(result, int) else 0
+
+
+# --------------------------------------------------------------------------- output
+
+
+def _console() -> Console:
+    # Wide enough in pipes and captured output that no cell is cut short.
+    console = Console(highlight=False, soft_wrap=False)
+    if not console.is_terminal:
+        console = Console(highlight=False, width=200, soft_wrap=False)
+    return console
+
+
+def _print_json(data: Any) -> None:
+    typer.echo(json.dumps(data, indent=2, sort_keys=False))
+
+
+def _table(title: str, *columns: str) -> Table:
+    table = Table(title=Text(title, style="bold"), title_justify="left")
+    for column in columns:
+        table.add_column(column)
+    return table
+
+
+def _cells(*values: object) -> list[Text]:
+    """Table cells as plain text: square brackets are never taken for markup."""
+    return [Text("" if value is None else str(value)) for value in values]
+
+
+def _memory(total: int) -> str:
+    if total <= 0:
+        return "unknown"
+    return f"{total / (1 << 30):.1f} GiB"
+
+
+def _device_row(index: int, device: DeviceInfo) -> list[Text]:
+    return _cells(
+        index,
+        device.name,
+        _memory(device.total_memory),
+        device.capability.as_version_str() if device.capability else "",
+        device.arch or "",
+        device.vendor,
+        ", ".join(sorted(device.features)),
+    )
+
+
+def _line(console: Console, *parts: tuple[str, str]) -> None:
+    text = Text()
+    for value, style in parts:
+        text.append(value, style=style)
+    console.print(text)
+
+
+def _platform_label(platform: Platform) -> str:
+    if platform.simulated:
+        return f"simulated profile {platform.profile}"
+    return "detected"
+
+
+# --------------------------------------------------------------------------- commands
+
+
+def _show_version(value: bool) -> None:
+    if value:
+        typer.echo(f"{PROG} {__version__}")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _root(
+    version: bool = typer.Option(
+        False,
+        "--version",
+        callback=_show_version,
+        is_eager=True,
+        help="Show the hwplug version and exit.",
+    ),
+) -> None:
+    """Inspect hwplug's platforms, plugins and device profiles, and resolve engine configs."""
+
+
+@app.command()
+def info(
+    as_json: bool = typer.Option(False, "--json", help="Print JSON instead of tables."),
+) -> None:
+    """The platform this process runs on, its devices, and how it was chosen.
+
+    Honours HWPLUG_PLATFORM, HWPLUG_SIMULATE and HWPLUG_PLUGINS.
+    """
+    from hwplug.plugins.manager import get_plugin_manager, select_platform
+
+    manager = get_plugin_manager()
+    selection = select_platform()
+    platform = selection.platform
+    plugins = [p.to_dict() for p in manager.plugin_info.values()]
+    failures = [f.to_dict() for f in manager.failures]
+    if as_json:
+        _print_json(
+            {
+                "platform": platform.name,
+                "simulated": platform.simulated,
+                "profile": platform.profile,
+                "device": platform.describe_device(),
+                "devices": [d.to_dict() for d in platform.devices],
+                "candidates": [c.to_dict() for c in selection.candidates],
+                "reason": selection.reason,
+                "plugins": plugins,
+                "failures": failures,
+                "version": __version__,
+            }
+        )
+        return
+    console = _console()
+    _line(
+        console,
+        ("Platform: ", "bold"),
+        (platform.name, "bold green"),
+        (f" ({_platform_label(platform)}) on {platform.describe_device()}", ""),
+    )
+    _line(console, ("Chosen because: ", "bold"), (selection.reason, ""))
+    _line(
+        console,
+        ("torch device type: ", "bold"),
+        (platform.device_type or "-", ""),
+        ("   distributed backend: ", "bold"),
+        (platform.dist_backend or "-", ""),
+        ("   hwplug ", "bold"),
+        (__version__, ""),
+    )
+    devices = _table(
+        f"Devices ({len(platform.devices)})",
+        "#",
+        "name",
+        "memory",
+        "capability",
+        "arch",
+        "vendor",
+        "features",
+    )
+    for i, device in enumerate(platform.devices):
+        devices.add_row(*_device_row(i, device))
+    console.print(devices)
+    candidates = _table(
+        "Candidate platforms",
+        "platform",
+        "plugin",
+        "distribution",
+        "priority",
+        "probe",
+        "devices",
+        "",
+    )
+    for c in selection.candidates:
+        if c.error:
+            probe = f"failed: {c.error}"
+        elif not c.probed:
+            probe = "not probed"
+        else:
+            probe = "present" if c.present else "absent"
+        chosen = "chosen" if c.name == platform.name else ""
+        candidates.add_row(
+            *_cells(c.name, c.plugin, c.distribution, c.priority, probe, len(c.devices), chosen)
+        )
+    console.print(candidates)
+    _print_plugins(console, manager)
+
+
+def _print_plugins(console: Console, manager: HwplugPluginManager) -> None:
+    table = _table("Plugins", "name", "group", "distribution", "version", "module", "built-in")
+    for p in manager.plugin_info.values():
+        table.add_row(
+            *_cells(p.name, p.group, p.distribution, p.version, p.value, "yes" if p.builtin else "")
+        )
+    console.print(table)
+    if manager.failures:
+        failed = _table("Plugins that failed", "plugin", "distribution", "stage", "error")
+        for f in manager.failures:
+            failed.add_row(*_cells(f.plugin, f.distribution, f.stage, f.error))
+        console.print(failed)
+
+
+@app.command()
+def plugins(
+    as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
+) -> None:
+    """The plugins loaded (built-in and third-party) with their distributions.
+
+    HWPLUG_PLUGINS limits the third-party plugins; failures are listed too.
+    """
+    from hwplug.plugins.manager import get_plugin_manager
+
+    manager = get_plugin_manager()
+    entries = manager.platform_entries()
+    if as_json:
+        _print_json(
+            {
+                "plugins": [
+                    {
+                        **p.to_dict(),
+                        "platforms": sorted(n for n, e in entries.items() if e.plugin == p.name),
+                    }
+                    for p in manager.plugin_info.values()
+                ],
+                "failures": [f.to_dict() for f in manager.failures],
+            }
+        )
+        return
+    _print_plugins(_console(), manager)
+
+
+@app.command()
+def profiles(
+    as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
+) -> None:
+    """Every simulated device profile, usable with --simulate and HWPLUG_SIMULATE."""
+    from hwplug.matrix import ordered_entries
+    from hwplug.plugins.manager import get_plugin_manager
+
+    manager = get_plugin_manager()
+    known = manager.known_profiles()
+    rows: list[tuple[str, str, bool, DeviceInfo]] = []
+    for entry in ordered_entries(manager.platform_entries()):
+        for name in entry.cls.profiles():
+            platform, device = known.get(name, ("", None))
+            if platform == entry.cls.name and device is not None:
+                rows.append((name, platform, entry.cls.representative_profile == name, device))
+    if as_json:
+        _print_json(
+            [
+                {"name": name, "platform": platform, "representative": rep, "device": dev.to_dict()}
+                for name, platform, rep, dev in rows
+            ]
+        )
+        return
+    console = _console()
+    table = _table(
+        "Device profiles (* = the platform's representative profile)",
+        "profile",
+        "platform",
+        "device",
+        "memory",
+        "capability",
+        "arch",
+        "features",
+    )
+    for name, platform, rep, dev in rows:
+        table.add_row(
+            *_cells(
+                name + (" *" if rep else ""),
+                platform,
+                dev.name,
+                _memory(dev.total_memory),
+                dev.capability.as_version_str() if dev.capability else "",
+                dev.arch or "",
+                ", ".join(sorted(dev.features)),
+            )
+        )
+    console.print(table)
+
+
+# --------------------------------------------------------------------------- resolve
+
+
+def parse_set_option(text: str) -> tuple[list[str], Any]:
+    """Split ``section.field=value`` into the path and the value.
+
+    The value is read as JSON where it parses (``32``, ``true``, ``null``,
+    ``[]``, ``{"a": 1}``), else kept as the string (``FULL``).
+
+    :raises CliError: the text is not ``section.field=value``.
+    """
+    from hwplug.core.config import EngineConfig
+
+    key, sep, raw = text.partition("=")
+    key = key.strip()
+    sections = list(EngineConfig.section_types())
+    if not sep or not key:
+        raise CliError(
+            f"--set {text!r}: expected section.field=value, as in --set cache.block_size=32"
+        )
+    path = key.split(".")
+    if len(path) < 2 or not all(path):
+        raise CliError(
+            f"--set {text!r}: {key!r} is not a section.field path; sections: "
+            f"{', '.join(sections)} (as in --set cache.block_size=32)"
+        )
+    section, field = path[0], path[1]
+    types = EngineConfig.section_types()
+    if section not in types:
+        raise CliError(f"--set {text!r}: unknown section {section!r}; sections: {', '.join(types)}")
+    fields = types[section].init_field_names()
+    if field not in fields:
+        from difflib import get_close_matches
+
+        close = get_close_matches(field, fields, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise CliError(
+            f"--set {text!r}: {section} has no field {field!r}{hint}; "
+            f"{section} fields: {', '.join(fields)}"
+        )
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        value = raw
+    return path, value
+
+
+def _apply_set(data: dict[str, Any], text: str, path: list[str], value: Any) -> None:
+    node = data
+    for depth, part in enumerate(path[:-1]):
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            where = ".".join(path[: depth + 1])
+            raise CliError(f"--set {text!r}: {where} is {child!r}, not a section of fields")
+        node = child
+    node[path[-1]] = value
+
+
+def _load_config(config_file: Path | None, assignments: Sequence[str]) -> EngineConfig:
+    from hwplug.core.config import EngineConfig
+
+    parsed = [(text, *parse_set_option(text)) for text in assignments]
+    if config_file is None:
+        base = EngineConfig()
+        data: dict[str, Any] = {}
+    else:
+        base = EngineConfig.from_file(config_file)
+        data = base.to_dict()
+    if not parsed:
+        return base
+    for text, path, value in parsed:
+        _apply_set(data, text, path, value)
+    return EngineConfig.from_dict(data)
+
+
+def _choose_platform(platform: str | None, simulate: str | None) -> Platform | None:
+    from hwplug.plugins.manager import get_plugin_manager
+
+    if platform is not None and simulate is not None:
+        raise CliError(
+            "--platform and --simulate are mutually exclusive; --platform picks a platform by "
+            "name, --simulate a device profile (which implies its platform)"
+        )
+    manager = get_plugin_manager()
+    if simulate is not None:
+        return manager.simulate(simulate)
+    if platform is not None:
+        name = platform.strip().lower()
+        entries = manager.platform_entries()
+        if name not in entries:
+            hint = (
+                f" ({name!r} is a device profile: use --simulate {name})"
+                if name.partition(":")[0] in manager.known_profiles()
+                else ""
+            )
+            raise CliError(
+                f"--platform: unknown platform {platform!r}{hint}; known platforms: "
+                f"{', '.join(sorted(entries))}"
+            )
+        return manager.platform_from_spec(name)
+    return None
+
+
+def _value_text(value: Any, limit: int = 12) -> str:
+    """JSON text of a config value; long lists are shortened for people (not in --json)."""
+    if isinstance(value, list) and len(value) > limit:
+        head = ", ".join(json.dumps(v) for v in value[:6])
+        tail = ", ".join(json.dumps(v) for v in value[-2:])
+        return f"[{head}, ..., {tail}] ({len(value)} items)"
+    return json.dumps(value)
+
+
+@app.command()
+def resolve(
+    platform: str | None = typer.Option(
+        None,
+        "--platform",
+        metavar="NAME",
+        help="Resolve for this platform (the detected device, else its representative profile).",
+    ),
+    simulate: str | None = typer.Option(
+        None,
+        "--simulate",
+        metavar="PROFILE",
+        help="Resolve for a simulated device profile, as in h100 or h100:8.",
+    ),
+    config: Path | None = typer.Option(  # noqa: B008
+        None,
+        "--config",
+        metavar="FILE",
+        help="A JSON, YAML or TOML config file; sections and fields may be partial.",
+    ),
+    assignments: list[str] = typer.Option(  # noqa: B008
+        [],
+        "--set",
+        metavar="SECTION.FIELD=VALUE",
+        help=(
+            "Set a field on top of the file (repeatable). Values are read as JSON where they "
+            "parse: --set cache.block_size=32 --set compilation.cudagraph_mode=FULL."
+        ),
+    ),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON instead of tables."),
+) -> None:
+    """Resolve an engine config for a platform: the result and every change, with reasons."""
+    from hwplug.core.resolve import resolve as run_resolve
+
+    target = _choose_platform(platform, simulate)
+    engine_config = _load_config(config, assignments)
+    resolution = run_resolve(engine_config, platform=target)
+    data = resolution.to_dict()
+    if as_json:
+        _print_json(
+            {
+                **data,
+                "simulated": resolution.platform.simulated,
+                "profile": resolution.platform.profile,
+                "device": resolution.platform.describe_device(),
+            }
+        )
+        return
+    console = _console()
+    plat = resolution.platform
+    _line(
+        console,
+        ("Resolved for ", "bold"),
+        (plat.name, "bold green"),
+        (f" ({_platform_label(plat)}) on {plat.describe_device()}", ""),
+    )
+    changed = {c.path for c in resolution.changes}
+    table = _table("Resolved configuration (* = changed by resolution)", "field", "value")
+    for section, fields in data["config"].items():
+        for name, value in fields.items():
+            path = f"{section}.{name}"
+            mark = " *" if path in changed else ""
+            table.add_row(*_cells(path + mark, _value_text(value)))
+    console.print(table)
+    changes = _table(
+        f"Changes ({len(resolution.changes)})", "field", "old", "new", "source", "reason"
+    )
+    for change in data["changes"]:
+        changes.add_row(
+            *_cells(
+                change["path"],
+                _value_text(change["old"]),
+                _value_text(change["new"]),
+                change["source"],
+                change["reason"],
+            )
+        )
+    console.print(changes)
+
+
+# --------------------------------------------------------------------------- matrix
+
+
+@app.command()
+def matrix(
+    output_format: str = typer.Option(
+        "table",
+        "--format",
+        metavar="FORMAT",
+        help="Output format: table (default), markdown or json.",
+    ),
+    installed: bool = typer.Option(
+        False,
+        "--installed",
+        help="Only the platforms present on this machine, with their detected devices.",
+    ),
+) -> None:
+    """The support matrix of every platform and device profile.
+
+    Block sizes (default and allowed, also for MLA), KV-cache dtypes, the fp8
+    format, model dtypes, graph modes, default compilation level and
+    distributed backend.
+    """
+    from hwplug import matrix as support
+
+    fmt = output_format.strip().lower()
+    if fmt not in MATRIX_FORMATS:
+        raise CliError(
+            f"--format: unknown format {output_format!r}; choose one of: "
+            f"{', '.join(MATRIX_FORMATS)}"
+        )
+    rows = support.support_matrix(installed=installed)
+    if fmt == "json":
+        _print_json([row.to_dict() for row in rows])
+        return
+    if fmt == "markdown":
+        if installed:
+            text = f"{support.PAGE_TITLE} (this machine)\n\n{support.render_markdown(rows)}"
+        else:
+            from hwplug.plugins.manager import get_plugin_manager
+
+            text = support.support_matrix_page(get_plugin_manager())
+        typer.echo(text, nl=False)
+        return
+    console = _console()
+    if not rows:
+        console.print(Text("No platform to show."))
+    groups: dict[str, list[support.MatrixRow]] = {}
+    for row in rows:
+        groups.setdefault(row.platform, []).append(row)
+    for name, group in groups.items():
+        first = group[0]
+        title = (
+            f"{name} ({first.distribution}): priority {first.priority}, dist backend "
+            f"{first.dist_backend}, default level {first.default_compilation_level}, "
+            f"graph modes {', '.join(first.graph_modes)}"
+        )
+        table = _table(
+            title,
+            "profile",
+            "device",
+            "memory",
+            "blocks (default; allowed)",
+            "MLA blocks",
+            "KV-cache dtypes",
+            "fp8",
+            "model dtypes",
+        )
+        for row in group:
+            table.add_row(
+                *_cells(
+                    row.profile or "detected",
+                    row.device if row.device_count <= 1 else f"{row.device_count} x {row.device}",
+                    _memory(row.total_memory),
+                    f"{row.default_block_size}; {', '.join(map(str, row.block_sizes))}",
+                    f"{row.mla_default_block_size}; {', '.join(map(str, row.mla_block_sizes))}",
+                    ", ".join(row.cache_dtypes),
+                    row.fp8_format or "none",
+                    ", ".join(row.model_dtypes),
+                )
+            )
+        console.print(table)

@@ -1,0 +1,314 @@
+"""The support matrix: what every platform and device profile supports.
+
+One :class:`MatrixRow` per simulated profile (or, with ``installed=True``, per
+platform detected on this machine), computed from the platforms' own rules,
+so the table can never drift from the code. ``hwplug matrix`` prints it, and
+``docs/support-matrix.md`` is generated from it by
+``scripts/gen_support_matrix.py``.
+
+Nothing here imports torch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from hwplug.core.platform import Platform
+from hwplug.plugins.manager import (
+    BUILTIN_DISTRIBUTION,
+    BUILTIN_MODULES,
+    PLATFORMS_GROUP,
+    HwplugPluginManager,
+    PlatformEntry,
+    get_plugin_manager,
+)
+
+__all__ = [
+    "MatrixRow",
+    "builtin_plugin_manager",
+    "graph_modes",
+    "ordered_entries",
+    "render_markdown",
+    "support_matrix",
+    "support_matrix_page",
+]
+
+GiB = 1 << 30
+
+PAGE_TITLE = "# Support matrix"
+PAGE_INTRO = """\
+What each platform supports on each simulated device profile, computed from
+the platforms' own rules. Block sizes show the default in bold, then every
+allowed size; MLA is multi-head latent attention (`model.use_mla`). The fp8
+format is the torch dtype that `cache.cache_dtype="fp8"` (on HPU `"fp8_inc"`)
+stores on that device; "none" where the device does not accept it (an explicit
+format such as `fp8_e5m2` may still be listed among the KV-cache dtypes).
+
+This page is generated: run `python scripts/gen_support_matrix.py` (the same
+as `HWPLUG_PLUGINS= hwplug matrix --format markdown`) after changing a
+platform's rules. A test fails while it is stale. With vendor plugins
+installed, `hwplug matrix` shows their platforms too.
+"""
+
+
+@dataclasses.dataclass(frozen=True)
+class MatrixRow:
+    """What one platform supports on one device (a simulated profile or detected)."""
+
+    platform: str
+    """Platform name (``cuda``)."""
+    profile: str | None
+    """Simulated profile name, or None for a device detected on this machine."""
+    device: str
+    """The device, as in error messages (name, capability or architecture)."""
+    device_count: int
+    """Number of devices (1 for profiles)."""
+    total_memory: int
+    """Memory of one device in bytes (0 when unknown)."""
+    distribution: str
+    """The Python distribution that provides the platform."""
+    priority: int
+    """Selection priority of the platform."""
+    dist_backend: str
+    """``torch.distributed`` backend."""
+    default_block_size: int
+    """Block size filled in when ``cache.block_size`` is unset."""
+    block_sizes: tuple[int, ...]
+    """Allowed block sizes."""
+    mla_default_block_size: int
+    """Default block size for MLA models."""
+    mla_block_sizes: tuple[int, ...]
+    """Allowed block sizes for MLA models."""
+    cache_dtypes: tuple[str, ...]
+    """KV-cache dtypes this device can store."""
+    fp8_format: str | None
+    """torch dtype that ``fp8`` (HPU: ``fp8_inc``) stores here; None where it is not accepted."""
+    model_dtypes: tuple[str, ...]
+    """Model dtypes, most preferred first."""
+    graph_modes: tuple[str, ...]
+    """``compilation.cudagraph_mode`` values the platform accepts."""
+    default_compilation_level: str
+    """Compilation level filled in when unset, as ``NAME (n)``."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict (tuples as lists)."""
+        return {
+            field.name: list(value) if isinstance(value, tuple) else value
+            for field in dataclasses.fields(self)
+            for value in [getattr(self, field.name)]
+        }
+
+
+def builtin_plugin_manager() -> HwplugPluginManager:
+    """A private plugin manager holding only hwplug's built-in platforms.
+
+    Used for output that must not depend on the vendor plugins installed here
+    (the documentation's support matrix).
+    """
+    from hwplug import __version__
+
+    manager = HwplugPluginManager(strict=True)
+    for name, module_name in BUILTIN_MODULES.items():
+        manager.register_plugin(
+            importlib.import_module(module_name),
+            name,
+            group=PLATFORMS_GROUP,
+            distribution=BUILTIN_DISTRIBUTION,
+            version=__version__,
+            value=module_name,
+            builtin=True,
+        )
+    return manager
+
+
+def graph_modes(platform: Platform | type[Platform]) -> tuple[str, ...]:
+    """Names of the ``cudagraph_mode`` values ``platform`` accepts.
+
+    ``NONE`` everywhere; with device graphs every mode, except the ones that
+    need piecewise capture where the platform captures whole graphs only.
+    """
+    from hwplug.core.config import CUDAGraphMode
+
+    if not platform.supports_device_graphs:
+        return (CUDAGraphMode.NONE.name,)
+    return tuple(
+        mode.name
+        for mode in CUDAGraphMode
+        if platform.supports_piecewise_graphs or not mode.requires_piecewise_compilation()
+    )
+
+
+def _level_name(level: int) -> str:
+    from hwplug.core.config import CompilationLevel
+
+    try:
+        return f"{CompilationLevel(level).name} ({int(level)})"
+    except ValueError:
+        return str(level)
+
+
+def _row(platform: Platform, entry: PlatformEntry) -> MatrixRow:
+    from hwplug.core.config import EngineConfig, ModelConfig
+
+    plain = EngineConfig()
+    mla = EngineConfig(model=ModelConfig(use_mla=True))
+    cache_dtypes = tuple(platform.supported_cache_dtypes())
+    # HPU has no plain `fp8`: its fp8 cache is `fp8_inc`, stored as fp8_dtype().
+    has_fp8 = "fp8" in cache_dtypes or "fp8_inc" in cache_dtypes
+    device = platform.device
+    return MatrixRow(
+        platform=platform.name,
+        profile=platform.profile.partition(":")[0]
+        if platform.simulated and platform.profile
+        else None,
+        device=platform.describe_device(),
+        device_count=len(platform.devices),
+        total_memory=device.total_memory if device is not None else 0,
+        distribution=entry.distribution,
+        priority=platform.priority,
+        dist_backend=platform.dist_backend,
+        default_block_size=platform.default_block_size(plain),
+        block_sizes=tuple(platform.supported_block_sizes(plain.model)),
+        mla_default_block_size=platform.default_block_size(mla),
+        mla_block_sizes=tuple(platform.supported_block_sizes(mla.model)),
+        cache_dtypes=cache_dtypes,
+        fp8_format=platform.fp8_dtype_name if has_fp8 else None,
+        model_dtypes=tuple(platform.supported_model_dtypes()),
+        graph_modes=graph_modes(platform),
+        default_compilation_level=_level_name(platform.default_compilation_level),
+    )
+
+
+def ordered_entries(entries: dict[str, PlatformEntry]) -> list[PlatformEntry]:
+    """Platforms in display order: built-ins as cuda, rocm, cpu, hpu, xpu, then by name."""
+    builtin_order = list(BUILTIN_MODULES)
+
+    def key(item: tuple[str, PlatformEntry]) -> tuple[int, int, str]:
+        name, entry = item
+        if entry.distribution == BUILTIN_DISTRIBUTION and name in builtin_order:
+            return (0, builtin_order.index(name), name)
+        return (1, 0, name)
+
+    return [entry for _name, entry in sorted(entries.items(), key=key)]
+
+
+def support_matrix(
+    manager: HwplugPluginManager | None = None, *, installed: bool = False
+) -> list[MatrixRow]:
+    """The support matrix of every platform the plugin manager knows.
+
+    By default one row per simulated profile of every platform (built-ins in
+    the order cuda, rocm, cpu, hpu, xpu, then vendor platforms by name). With
+    ``installed``, only the platforms whose devices are present on this
+    machine, one row each for the detected devices. ``manager`` defaults to
+    the process's plugin manager.
+    """
+    manager = manager if manager is not None else get_plugin_manager()
+    rows: list[MatrixRow] = []
+    for entry in ordered_entries(manager.platform_entries()):
+        cls = entry.cls
+        if installed:
+            candidate = manager.detect(entry)
+            if candidate.present:
+                rows.append(_row(cls(candidate.devices), entry))
+            continue
+        for profile in cls.profiles():
+            rows.append(_row(cls.simulate(profile), entry))
+    return rows
+
+
+# --------------------------------------------------------------------------- markdown
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|")
+
+
+def _code_list(items: Iterable[object]) -> str:
+    return ", ".join(f"`{item}`" for item in items) or "none"
+
+
+def _blocks(default: int, allowed: Sequence[int]) -> str:
+    return f"**{default}**; " + ", ".join(str(size) for size in allowed)
+
+
+def _memory(total: int) -> str:
+    if total <= 0:
+        return "unknown"
+    gib = total / GiB
+    return f"{gib:.0f} GiB" if gib == int(gib) else f"{gib:.1f} GiB"
+
+
+def _joined(values: Iterable[str]) -> str:
+    unique = list(dict.fromkeys(values))
+    return " / ".join(unique)
+
+
+def render_markdown(rows: Sequence[MatrixRow]) -> str:
+    """Markdown tables: one summary row per platform, then one table per platform."""
+    by_platform: dict[str, list[MatrixRow]] = {}
+    for row in rows:
+        by_platform.setdefault(row.platform, []).append(row)
+    if not by_platform:
+        return "No platform to show.\n"
+    lines = [
+        "| platform | distribution | priority | dist backend | default compilation level "
+        "| graph modes | profiles |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for name, group in by_platform.items():
+        profiles = [row.profile or "detected" for row in group]
+        lines.append(
+            "| "
+            + " | ".join(
+                _cell(part)
+                for part in (
+                    f"[`{name}`](#{name})",
+                    f"`{_joined(r.distribution for r in group)}`",
+                    _joined(str(r.priority) for r in group),
+                    _joined(f"`{r.dist_backend}`" for r in group),
+                    _joined(r.default_compilation_level for r in group),
+                    _joined(", ".join(r.graph_modes) for r in group),
+                    _code_list(profiles),
+                )
+            )
+            + " |"
+        )
+    for name, group in by_platform.items():
+        lines += [
+            "",
+            f"## {name}",
+            "",
+            "| profile | device | memory | block sizes | MLA block sizes | KV-cache dtypes "
+            "| fp8 format | model dtypes |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
+        for row in group:
+            device = row.device if row.device_count <= 1 else f"{row.device_count} x {row.device}"
+            lines.append(
+                "| "
+                + " | ".join(
+                    _cell(part)
+                    for part in (
+                        f"`{row.profile}`" if row.profile else "detected",
+                        device,
+                        _memory(row.total_memory),
+                        _blocks(row.default_block_size, row.block_sizes),
+                        _blocks(row.mla_default_block_size, row.mla_block_sizes),
+                        _code_list(row.cache_dtypes),
+                        f"`{row.fp8_format}`" if row.fp8_format else "none",
+                        _code_list(row.model_dtypes),
+                    )
+                )
+                + " |"
+            )
+    return "\n".join(lines) + "\n"
+
+
+def support_matrix_page(manager: HwplugPluginManager | None = None) -> str:
+    """The whole ``docs/support-matrix.md`` page (built-in platforms by default)."""
+    manager = manager if manager is not None else builtin_plugin_manager()
+    return f"{PAGE_TITLE}\n\n{PAGE_INTRO}\n{render_markdown(support_matrix(manager))}"
