@@ -7,6 +7,7 @@ import hashlib
 from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic.dataclasses import dataclass
+from pydantic.json_schema import SkipJsonSchema
 
 from hwplug.core.config._common import (
     CONFIG,
@@ -77,9 +78,9 @@ class CacheConfig(ConfigSection):
     """Storage type of the Mamba conv and SSM state; ``auto`` follows the model."""
     mamba_ssm_cache_dtype: MambaDType = "auto"
     """Storage type of the Mamba SSM state only; ``auto`` follows ``mamba_cache_dtype``."""
-    num_gpu_blocks: Count | None = dataclasses.field(default=None, init=False)
+    num_gpu_blocks: SkipJsonSchema[Count | None] = dataclasses.field(default=None, init=False)
     """Device blocks allocated (set after profiling, not by users)."""
-    num_cpu_blocks: Count | None = dataclasses.field(default=None, init=False)
+    num_cpu_blocks: SkipJsonSchema[Count | None] = dataclasses.field(default=None, init=False)
     """CPU blocks allocated (set after profiling, not by users)."""
     kv_sharing_fast_prefill: bool = False
     """Let eligible KV-sharing layers skip prefill tokens (experimental)."""

@@ -373,9 +373,7 @@ class CompilationConfig(ConfigSection):
         if self.level in (CompilationLevel.DYNAMO_AS_IS, CompilationLevel.DYNAMO_ONCE):
             if self.backend == "":
                 return "eager"
-            from torch._dynamo.backends.registry import list_backends
-
-            registered = list_backends(exclude_tags=())
+            registered = _registered_backends()
             if self.backend in registered:
                 return self.backend
             try:
@@ -588,6 +586,13 @@ class CompilationConfig(ConfigSection):
                     action,
                     op,
                 )
+
+
+def _registered_backends() -> list[str]:
+    # Importing Dynamo takes seconds: only `init_backend` does it, and only for a name.
+    from torch._dynamo.backends.registry import list_backends
+
+    return list(list_backends(exclude_tags=()))
 
 
 def _deprecated(flag: str, replacement: str) -> None:
