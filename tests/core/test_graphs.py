@@ -57,7 +57,7 @@ def expected(
     return side, BatchDescriptor(padded, decode_side and mode.separate_routine())
 
 
-# -- BatchDescriptor -------------------------------------------------------------
+# -- BatchDescriptor ---------------------------------------------------------------------
 
 
 def test_batch_descriptor_defaults_to_non_uniform_and_is_a_hashable_tuple() -> None:
@@ -73,7 +73,7 @@ def test_non_uniform_drops_the_flag_and_keeps_the_size() -> None:
     assert BatchDescriptor(4).non_uniform == BatchDescriptor(4)
 
 
-# -- dispatch pinned per mode --------------------------------------------------------
+# -- dispatch pinned per mode ------------------------------------------------------------
 
 BOUNDARIES = [0, 1, 2, 3, 4, 5, 8, 9, 16, 17, 1000]
 PADDED = {1: 1, 2: 2, 3: 4, 4: 4, 5: 8, 8: 8, 9: 16, 16: 16}
@@ -172,7 +172,7 @@ def test_zero_tokens_have_no_graph() -> None:
     assert d.dispatch(BatchDescriptor(0)) == (NONE, BatchDescriptor(0))
 
 
-# -- max_num_seqs and speculative decoding ------------------------------------------------
+# -- max_num_seqs and speculative decoding -----------------------------------------------
 
 
 def test_uniform_batches_above_max_num_seqs_take_the_mixed_route() -> None:
@@ -208,7 +208,7 @@ def test_limit_does_not_change_non_separate_modes() -> None:
     assert d.dispatch(BatchDescriptor(16, True)) == (FULL, BatchDescriptor(16, False))
 
 
-# -- the oracle, over many shapes ----------------------------------------------------------
+# -- the oracle, over many shapes --------------------------------------------------------
 
 
 @settings(max_examples=200, deadline=None)
@@ -280,7 +280,7 @@ def test_dispatch_accepts_plain_tuples() -> None:
     assert d.dispatch((3, True)) == (FULL, BatchDescriptor(4, True))  # type: ignore[arg-type]
 
 
-# -- construction ---------------------------------------------------------------------------
+# -- construction ------------------------------------------------------------------------
 
 
 def test_unfinalised_config_is_finalised_on_a_copy() -> None:
@@ -330,7 +330,7 @@ def test_repr_names_mode_and_key_counts() -> None:
     assert "FULL: 2" in text
 
 
-# -- runtime mode resolution -------------------------------------------------------------------
+# -- runtime mode resolution -------------------------------------------------------------
 
 
 def attention_split(mode: CUDAGraphMode) -> CompilationConfig:
@@ -472,7 +472,7 @@ def test_resolved_mode_never_asks_more_than_attention_supports(
         assert got is mode
 
 
-# -- graph context ----------------------------------------------------------------------------
+# -- graph context -----------------------------------------------------------------------
 
 
 def test_outside_any_context_the_mode_is_none() -> None:
@@ -519,7 +519,7 @@ def test_graph_context_needs_a_key_for_graph_modes() -> None:
         assert ctx.batch_descriptor is None
 
 
-# -- capture phase --------------------------------------------------------------------------------
+# -- capture phase -----------------------------------------------------------------------
 
 
 def test_capture_is_closed_by_default_and_opened_by_the_phase() -> None:
