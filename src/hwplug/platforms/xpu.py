@@ -58,7 +58,7 @@ class XpuPlatform(Platform):
 
     model_dtypes = ("bfloat16", "float16", "float32")
     no_bf16_names: ClassVar[re.Pattern[str]] = re.compile(
-        r"\bArc(?:\(TM\))?\s+A\d{2,3}\b", re.IGNORECASE
+        r"\bArc(?:\(TM\))?\s+(?:Pro\s+)?A\d{2,3}\b", re.IGNORECASE
     )
     """Device names without bfloat16: the Arc A-series (Alchemist client GPUs)."""
 
