@@ -162,9 +162,7 @@ def _scale_value(name: str, scale: object) -> float:
     return value
 
 
-def _check_slots(
-    slot_mapping: object, num_tokens: int | None, cache_shape: tuple[int, ...]
-) -> torch.Tensor:
+def _check_slots(slot_mapping: object, num_tokens: int | None) -> torch.Tensor:
     """Check the slot mapping; ``num_tokens`` None accepts any length."""
     if (
         not isinstance(slot_mapping, torch.Tensor)
@@ -184,6 +182,11 @@ def _check_slots(
             f"slot_mapping must hold one slot per token: length {num_tokens}; "
             f"got length {slot_mapping.shape[0]}"
         )
+    return slot_mapping
+
+
+def _check_slot_range(slot_mapping: torch.Tensor, cache_shape: tuple[int, ...]) -> None:
+    """Reject slots beyond the cache (reads one value back from the device)."""
     num_slots = cache_shape[0] * cache_shape[1]
     if slot_mapping.numel():
         top = int(slot_mapping.max().item())
@@ -193,7 +196,6 @@ def _check_slots(
                 f"(num_blocks={cache_shape[0]} x block_size={cache_shape[1]}); slots must be "
                 f"below {num_slots} (a negative slot marks padding)"
             )
-    return slot_mapping
 
 
 def _check_caches(key_cache: object, value_cache: object) -> tuple[torch.Tensor, torch.Tensor]:
@@ -293,8 +295,9 @@ def write_kv_cache(
             f"key and value have [num_kv_heads, head_size] = {tuple(k.shape[1:])}, which does "
             f"not match the caches' {tuple(kc.shape[2:])}"
         )
-    slots = _check_slots(slot_mapping, k.shape[0], tuple(kc.shape))
+    slots = _check_slots(slot_mapping, k.shape[0])
     device = _check_same_device(key=k, value=v, key_cache=kc, value_cache=vc, slot_mapping=slots)
+    _check_slot_range(slots, tuple(kc.shape))
     ks = _scale_value("k_scale", k_scale)
     vs = _scale_value("v_scale", v_scale)
     runner = select_backend(backend, device)
@@ -331,8 +334,9 @@ def gather_kv_cache(
     kc, vc = _check_caches(key_cache, value_cache)
     if not isinstance(dtype, torch.dtype) or dtype not in INPUT_DTYPES:
         raise ValueError(f"dtype must be one of {_dtype_names(INPUT_DTYPES)}; got {dtype!r}")
-    slots = _check_slots(slot_mapping, None, tuple(kc.shape))
+    slots = _check_slots(slot_mapping, None)
     device = _check_same_device(key_cache=kc, value_cache=vc, slot_mapping=slots)
+    _check_slot_range(slots, tuple(kc.shape))
     ks = _scale_value("k_scale", k_scale)
     vs = _scale_value("v_scale", v_scale)
     runner = select_backend(backend, device)
