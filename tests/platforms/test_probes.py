@@ -564,6 +564,7 @@ MIXED = (0x1020, 0x1060, 0x1000, 0x1062)
         (None, ["gaudi2", "gaudi3", "gaudi", "gaudi3"]),
         ("2,0", ["gaudi", "gaudi2"]),
         ("1", ["gaudi3"]),
+        ("01", ["gaudi3"]),
         ("", []),
         ("-1", []),
         ("0,9,1", ["gaudi2"]),
@@ -879,6 +880,36 @@ def test_probes_survive_a_directory_or_dangling_link_in_place_of_a_file(
             os.symlink(root.path / "missing", target)
         for probe in ALL_PROBES:
             probe(root, env={})
+
+
+def test_negative_or_malformed_numbers_are_ignored(tmp_path: Path) -> None:
+    root = FakeRoot(tmp_path)
+    root.kfd_node(1, gfx_target_version=90402, banks=((1, 8 * GiB), (1, 0)))
+    root.write(
+        "sys/class/kfd/kfd/topology/nodes/1/mem_banks/1/properties",
+        "heap_type 1\nsize_in_bytes -4096\n",
+    )
+    root.kfd_node(2, gfx_target_version=-90402)
+    assert [d.total_memory for d in probe_amd(root, env={})] == [8 * GiB]
+
+    for address, device in (("0000:03:00.0", 0x0BD5), ("0000:04:00.0", 0xE2FF)):
+        pci = root.pci_device(
+            address, vendor=0x8086, device=device, pci_class=0x038000, driver="xe"
+        )
+        root.write(f"{pci.relative_to(root.path)}/tile0/physical_vram_size_bytes", "-1\n")
+    assert [(d.arch, d.total_memory) for d in probe_intel_gpu(root, env={})] == [("pvc", 0)]
+
+    root.write("proc/meminfo", "MemTotal: -5 kB\n")
+    root.write("proc/cpuinfo", "model name : 1234\n\n")
+    assert probe_cpu(root, env={}) == DeviceInfo(name="CPU")
+
+
+def test_hex_ids_in_either_case(tmp_path: Path) -> None:
+    root = FakeRoot(tmp_path)
+    root.nvidia_gpu("0000:18:00.0")
+    root.write("sys/bus/pci/devices/0000:18:00.0/vendor", "0x10DE\n")
+    root.write("sys/bus/pci/devices/0000:18:00.0/device", "0x2330\n")
+    assert probe_nvidia(root, env={}) == [PROFILES["cuda"]["h100"]]
 
 
 def test_probing_in_a_subprocess_imports_no_torch(tmp_path: Path) -> None:

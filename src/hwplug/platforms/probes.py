@@ -45,8 +45,10 @@ CPU (:func:`probe_cpu`, :func:`cpu_numa_nodes`)
     nodes (``CPU_VISIBLE_MEMORY_NODES`` applies).
 
 Visibility variables follow the CUDA convention: unset means all devices; an
-empty value (or ``-1``) means none; entries are taken in order and an invalid
-entry (unknown index or id, or a repeat) ends the list there.
+empty value (or ``-1``) means none, except for ``ZE_AFFINITY_MASK`` and
+``CPU_VISIBLE_MEMORY_NODES``, where empty means all; entries are taken in
+order and an invalid entry (unknown index or id, or a repeat) ends the list
+there.
 """
 
 from __future__ import annotations
@@ -121,16 +123,32 @@ def _read_text(path: Path) -> str | None:
         return None
 
 
+def _parse_uint(text: str) -> int | None:
+    """A non-negative decimal (``206158430208``) or hex (``0x10de``) number, else None.
+
+    Every number the probes read (ids, classes, sizes) is non-negative.
+    """
+    text = text.strip()
+    if text.isdecimal() and text.isascii():
+        return int(text)
+    if (
+        text[:2].lower() == "0x"
+        and text[2:]
+        and all(c in "0123456789abcdefABCDEF" for c in text[2:])
+    ):
+        return int(text[2:], 16)
+    return None
+
+
 def _read_int(path: Path) -> int | None:
     """An integer file such as sysfs ``vendor`` (``0x10de``) or a decimal size."""
     text = _read_text(path)
     if text is None:
         return None
-    try:
-        return int(text.strip(), 0)
-    except ValueError:
-        logger.debug("%s does not hold an integer: %r", path, text[:40])
-        return None
+    value = _parse_uint(text)
+    if value is None:
+        logger.debug("%s does not hold a non-negative integer: %r", path, text[:40])
+    return value
 
 
 def _read_properties(path: Path) -> dict[str, str]:
@@ -160,14 +178,13 @@ def _read_fields(path: Path) -> dict[str, str]:
 
 
 def _prop_int(props: Mapping[str, str], key: str) -> int | None:
-    value = props.get(key)
+    text = props.get(key)
+    if text is None:
+        return None
+    value = _parse_uint(text)
     if value is None:
-        return None
-    try:
-        return int(value, 0)
-    except ValueError:
-        logger.debug("property %s is not an integer: %r", key, value)
-        return None
+        logger.debug("property %s is not a non-negative integer: %r", key, text)
+    return value
 
 
 def _list_dir(path: Path) -> list[str]:
@@ -695,12 +712,14 @@ def probe_habana(
     if found and not dev_nodes:
         logger.debug("habana: %d Gaudi(s) on PCI but no driver device nodes", len(found))
         return []
-    modules = [str(g.extra["module_id"]) for g in found]
+    modules: list[int] = [g.extra["module_id"] for g in found]
     visible = _apply_visibility(
         found,
         env_map,
         "HABANA_VISIBLE_MODULES",
-        lambda entry: modules.index(entry) if entry in modules else None,
+        lambda entry: (
+            modules.index(int(entry)) if entry.isdigit() and int(entry) in modules else None
+        ),
     )
     logger.debug("habana: %d device(s) found, %d visible", len(found), len(visible))
     return [g.info for g in visible]
@@ -793,8 +812,10 @@ def probe_intel_gpu(
     """Discrete Intel GPUs visible to this process; empty when there are none.
 
     A display-class PCI function of vendor ``0x8086`` counts when it is bound
-    to the ``xe`` or ``i915`` driver and has device-local memory (see
-    :func:`_intel_local_memory`); an integrated GPU never counts.
+    to the ``xe`` or ``i915`` driver and has device-local memory: xe's
+    ``tile<N>/physical_vram_size_bytes``, i915's ``lmem_total_bytes``, or a
+    known discrete device id (upstream i915 publishes no memory file). An
+    integrated GPU never counts.
     ``ZE_AFFINITY_MASK`` applies (``"0,1"``, ``"0.0"``; empty means all).
     """
     root_path, env_map = _resolve_root(root), _resolve_env(env)
