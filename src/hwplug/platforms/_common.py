@@ -27,6 +27,7 @@ __all__ = [
     "cache_dtype_message",
     "cache_dtype_problem_for",
     "fill_unset",
+    "gfx_arch_name",
     "gfx_capability",
     "gfx_version",
     "is_fp8_cache",
@@ -146,6 +147,22 @@ def gfx_version(arch: str | None) -> tuple[int, int, int] | None:
     if match is None:
         return None
     return int(match.group(1)), int(match.group(2), 16), int(match.group(3), 16)
+
+
+def gfx_arch_name(target: object) -> str | None:
+    """A gfx arch name from what ROCm tools report: ``"gfx942"`` or the number ``90402``.
+
+    Feature suffixes (``gfx942:sramecc+:xnack-``) are dropped; None for anything else.
+    """
+    if isinstance(target, str):
+        name = target.strip().lower().split(":", 1)[0]
+        return name if gfx_version(name) is not None else None
+    if isinstance(target, int) and not isinstance(target, bool) and target > 0:
+        major, minor, step = target // 10000, target // 100 % 100, target % 100
+        if minor > 15 or step > 15:
+            return None
+        return f"gfx{major}{minor:x}{step:x}"
+    return None
 
 
 def gfx_capability(arch: str | None) -> DeviceCapability | None:

@@ -16,6 +16,7 @@ from hwplug.core.platform import DeviceCapability, DeviceInfo, Platform, canonic
 from hwplug.platforms._common import (
     QueryCache,
     cache_dtype_problem_for,
+    gfx_arch_name,
     gfx_capability,
     gfx_version,
     model_dtype_message,
@@ -106,13 +107,17 @@ class RocmPlatform(Platform):
 
         def query() -> str | None:
             arch = self._amdsmi(
-                i, "arch", lambda smi, h: smi.amdsmi_get_gpu_asic_info(h)["target_graphics_version"]
+                i,
+                "arch",
+                lambda smi, h: gfx_arch_name(
+                    smi.amdsmi_get_gpu_asic_info(h).get("target_graphics_version")
+                ),
             )
-            if not arch:
+            if arch is None:
                 arch = torch_cuda_query(
-                    "arch", lambda tc: str(tc.get_device_properties(i).gcnArchName)
+                    "arch", lambda tc: gfx_arch_name(tc.get_device_properties(i).gcnArchName)
                 )
-            return str(arch).split(":", 1)[0] if arch else None
+            return arch
 
         return self._queried.get("arch", i, query)
 
@@ -169,7 +174,7 @@ class RocmPlatform(Platform):
                 i,
                 "arch",
                 lambda smi, h: gfx_capability(
-                    smi.amdsmi_get_gpu_asic_info(h)["target_graphics_version"]
+                    gfx_arch_name(smi.amdsmi_get_gpu_asic_info(h).get("target_graphics_version"))
                 ),
             )
             detected = self._detected(i)
