@@ -136,7 +136,8 @@ class DeviceCapability(NamedTuple):
             return NotImplemented
         return (self.major, self.minor) >= value
 
-    __hash__ = tuple.__hash__
+    def __hash__(self) -> int:
+        return hash((self.major, self.minor))
 
     def __str__(self) -> str:
         return self.as_version_str()
