@@ -109,7 +109,7 @@ def format_validation_error(exc: ValidationError, prefix: str) -> str:
             # Our own messages already carry the path.
             lines.append(str(cause))
         else:
-            lines.append(f"{path}: {error['msg']} (got {error['input']!r})")
+            lines.append(f"{path}: {error['msg']} (got {error['input']!r:.80})")
     return "; ".join(lines)
 
 
