@@ -260,3 +260,61 @@ def test_package_imports_and_falls_back_without_triton() -> None:
 def test_kernels_were_imported_before_any_interpreter_setting() -> None:
     # documents the premise of the tests above: the package is imported at collection
     assert hwplug.kernels.__name__ in sys.modules
+
+
+# -- the compiled form ------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("target", "src", "dst", "write"),
+    [
+        (("cuda", 90, 32), ("*i16", 2), ("*u8", 3), True),  # bf16 -> fp8
+        (("cuda", 80, 32), ("*u8", 3), ("*i16", 2), False),  # fp8 -> bf16
+        (("hip", "gfx942", 64), ("*fp32", 0), ("*u8", 3), True),  # fp32 -> fp8 (fnuz)
+        (("cuda", 90, 32), ("*fp16", 1), ("*fp32", 0), False),  # fp16 -> fp32
+    ],
+    ids=["cuda-write-fp8", "cuda-gather-fp8", "rocm-write-fp8", "cuda-gather-fp16"],
+)
+def test_kernel_compiles_for_gpu_targets(
+    target: tuple[str, object, int], src: tuple[str, int], dst: tuple[str, int], write: bool
+) -> None:
+    """The interpreter accepts more than the compiler: compile ahead of time, no GPU needed."""
+    triton = pytest.importorskip("triton")
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from hwplug.kernels import _triton_kv
+
+    kernel = _triton_kv.kernel_for(interpret=False)
+    fnuz = target[0] == "hip"
+    consts = {
+        "SRC_PAGED": not write,
+        "DST_PAGED": write,
+        "SRC_KIND": src[1],
+        "DST_KIND": dst[1],
+        "SCALE_OP": 1 if write else 2,
+        "MANT": 3,
+        "BIAS": 8 if fnuz else 7,
+        "FLAVOR": 2 if fnuz else 0,
+        "MAX_VAL": 240.0 if fnuz else 448.0,
+        "SUB_STEP": 2.0**-10 if fnuz else 2.0**-9,
+        "HEAD_SIZE": 128,
+        "BLOCK": 1024,
+    }
+    signature = {"src_ptr": src[0], "dst_ptr": dst[0], "slot_ptr": "*i64", "scale": "fp32"}
+    for name in kernel.arg_names:
+        signature.setdefault(name, "constexpr" if name in consts else "i32")
+    source = ASTSource(
+        kernel,
+        signature,
+        constexprs={(kernel.arg_names.index(k),): v for k, v in consts.items()},
+    )
+    try:
+        compiled = triton.compile(
+            source, target=GPUTarget(*target), options={"enable_fp_fusion": False}
+        )
+    except (ImportError, KeyError, RuntimeError) as exc:
+        if "backend" in str(exc).lower() or "ptxas" in str(exc).lower():
+            pytest.skip(f"this triton build cannot compile for {target[0]}: {exc}")
+        raise
+    assert compiled.asm

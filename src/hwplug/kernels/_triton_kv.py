@@ -49,7 +49,6 @@ def _copy_rows_kernel(
     slot_ptr,
     scale,
     block_size,
-    head_size,
     row_numel,
     src_s0,
     src_s1,
@@ -69,8 +68,10 @@ def _copy_rows_kernel(
     FLAVOR: tl.constexpr,
     MAX_VAL: tl.constexpr,
     SUB_STEP: tl.constexpr,
+    HEAD_SIZE: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
+    # HEAD_SIZE is a compile-time constant so that splitting offsets is cheap.
     # Row `row` of the token side is slot `slot_ptr[row]` of the paged side;
     # strides are in elements, 4 per side (the token side ignores its second).
     row = tl.program_id(0).to(tl.int64)
@@ -78,8 +79,8 @@ def _copy_rows_kernel(
     slot = tl.load(slot_ptr + row).to(tl.int64)
     valid = slot >= 0
     safe_slot = tl.where(valid, slot, 0)
-    head = offs // head_size
-    dim = offs % head_size
+    head = offs // HEAD_SIZE
+    dim = offs % HEAD_SIZE
     in_row = offs < row_numel
     # The interpreter rejects `block_mask & scalar`: fold the predicate into the bound.
     in_valid_row = offs < tl.where(valid, row_numel, 0)
@@ -244,7 +245,6 @@ def _launch(
         slot_mapping,
         float(scale),
         paged.shape[1],
-        head_size,
         row_numel,
         *strides(src, not write),
         *strides(dst, write),
@@ -260,6 +260,7 @@ def _launch(
         "FLAVOR": flavor,
         "MAX_VAL": max_val,
         "SUB_STEP": sub_step,
+        "HEAD_SIZE": head_size,
         "BLOCK": block,
     }
     if interpret:
@@ -268,7 +269,8 @@ def _launch(
             warnings.simplefilter("ignore", RuntimeWarning)
             kernel[grid](*args, **consts)
     else:
-        kernel[grid](*args, **consts)
+        # no fused multiply-adds: every rounding step above is meant to happen
+        kernel[grid](*args, **consts, enable_fp_fusion=False)
 
 
 def write_rows(

@@ -26,7 +26,7 @@ def quantize(x: torch.Tensor, scale: float, dtype: torch.dtype) -> torch.Tensor:
         return x.to(dtype)
     scaled = x.to(torch.float32) / torch.tensor(scale, dtype=torch.float32, device=x.device)
     limit = fmt.max_finite
-    return scaled.clamp(-limit, limit).to(dtype)
+    return scaled.clamp_(-limit, limit).to(dtype)
 
 
 def dequantize(x: torch.Tensor, scale: float, dtype: torch.dtype) -> torch.Tensor:
