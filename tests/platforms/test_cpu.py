@@ -7,7 +7,6 @@ import math
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from tests.platforms.fakes import XEON_FLAGS, FakeRoot, empty_box
 
 import hwplug
 from hwplug import ConfigError
@@ -23,6 +22,7 @@ from hwplug.core.config import (
 from hwplug.core.platform import DeviceInfo
 from hwplug.platforms import probes
 from hwplug.platforms.cpu import KVCACHE_SPACE_ENV, CpuPlatform
+from tests.platforms.fakes import XEON_FLAGS, FakeRoot, empty_box
 
 GiB = 1 << 30
 

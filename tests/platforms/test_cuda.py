@@ -7,7 +7,6 @@ import sys
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from tests.platforms.fakes import empty_box, jetson_box, nvidia_box
 
 import hwplug
 from hwplug import ConfigError
@@ -20,6 +19,7 @@ from hwplug.core.config import (
 )
 from hwplug.core.platform import DeviceCapability, DeviceInfo
 from hwplug.platforms.cuda import CudaPlatform
+from tests.platforms.fakes import empty_box, jetson_box, nvidia_box
 
 CUDA_PROFILES = ("b200", "h100", "h200", "a100", "l4", "rtx3090", "t4")
 

@@ -13,13 +13,13 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from tests.platforms.fakes import nvidia_box
-from tests.platforms.mock_amdsmi import FakeAMDGPU, make_amdsmi
-from tests.platforms.mock_pynvml import FakeGPU, NVMLError, make_pynvml
 
 from hwplug.core.platform import DeviceCapability, DeviceInfo
 from hwplug.platforms.cuda import CudaPlatform
 from hwplug.platforms.rocm import RocmPlatform
+from tests.platforms.fakes import nvidia_box
+from tests.platforms.mock_amdsmi import FakeAMDGPU, make_amdsmi
+from tests.platforms.mock_pynvml import FakeGPU, NVMLError, make_pynvml
 
 MiB = 1 << 20
 GiB = 1 << 30

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-from tests.platforms.fakes import empty_box, habana_box
 
 import hwplug
 from hwplug import ConfigError
@@ -15,6 +14,7 @@ from hwplug.core.config import (
     ModelConfig,
 )
 from hwplug.platforms.hpu import HpuPlatform
+from tests.platforms.fakes import empty_box, habana_box
 
 
 def resolve(profile: str = "gaudi2", **sections: object) -> hwplug.Resolution:

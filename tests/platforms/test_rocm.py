@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from tests.platforms.fakes import amd_box, empty_box
 
 import hwplug
 from hwplug import ConfigError
@@ -13,6 +12,7 @@ from hwplug.core.config import CacheConfig, CUDAGraphMode, EngineConfig, ModelCo
 from hwplug.core.platform import DeviceCapability, DeviceInfo
 from hwplug.platforms._common import gfx_capability, gfx_version
 from hwplug.platforms.rocm import RocmPlatform
+from tests.platforms.fakes import amd_box, empty_box
 
 ROCM_PROFILES = ("mi300x", "mi325x", "mi355x", "mi250x", "rx7900xtx")
 

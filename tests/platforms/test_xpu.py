@@ -5,7 +5,6 @@ from __future__ import annotations
 from importlib import metadata
 
 import pytest
-from tests.platforms.fakes import empty_box, intel_discrete_box, intel_integrated_box
 
 import hwplug
 from hwplug import ConfigError
@@ -19,6 +18,7 @@ from hwplug.core.config import (
 )
 from hwplug.core.platform import DeviceInfo
 from hwplug.platforms.xpu import XpuPlatform, xpu_dist_backend
+from tests.platforms.fakes import empty_box, intel_discrete_box, intel_integrated_box
 
 XPU_PROFILES = ("max-1550", "arc-a770", "arc-b580")
 
