@@ -11,7 +11,8 @@ any subset of the documented parameters (pluggy passes only those it names).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import pluggy
 
@@ -40,6 +41,8 @@ incompatibly; the minor part when a hook or an argument is added. A plugin can
 check ``hwplug.core.hookspecs.HOOK_API_VERSION[0] == 1`` before registering.
 """
 
+_F = TypeVar("_F", bound=Callable[..., object])
+
 hookspec = pluggy.HookspecMarker(PROJECT_NAME)
 """Marker for hook specifications (used by hwplug itself)."""
 
@@ -51,15 +54,14 @@ class HwplugHookDeprecationWarning(DeprecationWarning):
     """Warned when a plugin implements a hook (or hook argument) that is deprecated."""
 
 
-def deprecated_hookspec(message: str, **kwargs: object) -> pluggy.HookspecMarker:
+def deprecated_hookspec(message: str, **kwargs: Any) -> Callable[[_F], _F]:
     """A :data:`hookspec` marker whose implementations warn with ``message``.
 
     Built on pluggy's ``warn_on_impl``: when a hook changes, its old spec is kept
     with this marker for one minor release, so plugins get a warning naming the
     replacement before the old hook goes away.
     """
-    marker = hookspec(warn_on_impl=HwplugHookDeprecationWarning(message), **kwargs)  # type: ignore[call-overload]
-    return marker  # type: ignore[no-any-return]
+    return hookspec(warn_on_impl=HwplugHookDeprecationWarning(message), **kwargs)
 
 
 # ---------------------------------------------------------------------------

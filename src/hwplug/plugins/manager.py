@@ -493,9 +493,9 @@ class HwplugPluginManager(pluggy.PluginManager):
                 f"HWPLUG_PLATFORM to one of: {', '.join(c.name for c in winners)}"
             )
         chosen = winners[0]
-        others = [c.name for c in present if c is not chosen]
+        also = [c.name for c in present if c is not chosen]
         reason = f"highest priority ({best}) among present platforms" + (
-            f" (also present: {', '.join(others)})" if others else ""
+            f" (also present: {', '.join(also)})" if also else ""
         )
         platform = entries[chosen.name].cls(chosen.devices)
         return Selection(platform, candidates, reason)
