@@ -69,7 +69,7 @@ def test_str_is_the_name() -> None:
         (M.FULL, M.FULL),
     ],
 )
-def test_parse_accepts_names_in_any_case_and_values(value: object, expected: M) -> None:
+def test_parse_accepts_names_in_any_case_and_values(value: object, expected: CUDAGraphMode) -> None:
     assert M.parse(value) is expected
 
 

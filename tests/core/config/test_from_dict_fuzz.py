@@ -153,7 +153,7 @@ VALID = {
 valid_dicts = st.fixed_dictionaries(
     {},
     optional={
-        section: st.fixed_dictionaries({}, optional=fields)  # type: ignore[arg-type]
+        section: st.fixed_dictionaries({}, optional=fields)  # type: ignore[call-overload]
         for section, fields in VALID.items()
     },
 )

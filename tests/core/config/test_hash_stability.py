@@ -46,7 +46,7 @@ hashes = {
 def hashes_here() -> dict[str, Any]:
     namespace: dict[str, Any] = {}
     exec(BUILD, namespace)
-    return namespace["hashes"]  # type: ignore[no-any-return]
+    return namespace["hashes"]
 
 
 @pytest.mark.slow

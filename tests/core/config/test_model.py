@@ -44,16 +44,16 @@ def test_defaults_describe_a_small_llama_like_model() -> None:
     ],
 )
 def test_dtype_aliases_are_normalised(given: str, canonical: str) -> None:
-    assert ModelConfig(dtype=given).dtype == canonical  # type: ignore[arg-type]
+    assert ModelConfig(dtype=given).dtype == canonical
     model = ModelConfig()
-    model.dtype = given  # type: ignore[assignment]
+    model.dtype = given
     assert model.dtype == canonical
 
 
 @pytest.mark.parametrize("dtype", ["int8", "float64", "fp8", 16])
 def test_unknown_dtype_names_the_allowed_ones(dtype: object) -> None:
     with pytest.raises(ValidationError, match=r"dtype[\s\S]*'auto', 'float16', 'bfloat16'"):
-        ModelConfig(dtype=dtype)  # type: ignore[arg-type]
+        ModelConfig(dtype=dtype)
 
 
 @pytest.mark.parametrize(

@@ -38,4 +38,4 @@ def test_limits_must_be_positive(field: str, value: object) -> None:
 def test_chunked_prefill_is_tri_state() -> None:
     assert SchedulerConfig(enable_chunked_prefill=False).enable_chunked_prefill is False
     with pytest.raises(ValidationError, match="enable_chunked_prefill"):
-        SchedulerConfig(enable_chunked_prefill="sometimes")  # type: ignore[arg-type]
+        SchedulerConfig(enable_chunked_prefill="sometimes")
