@@ -66,9 +66,7 @@ def test_default_config_on_h100_changes_and_sources() -> None:
     assert len(sizes) == 67 and sizes[0] == 512 and sizes[-1] == 1
     assert resolution.config.compilation.max_capture_size == 512
     assert resolution.config.compilation.bs_to_padded_graph_size[3] == 4
-    assert resolution.config.compilation.splitting_ops == list(
-        CompilationConfig._attention_ops
-    )
+    assert resolution.config.compilation.splitting_ops == list(CompilationConfig._attention_ops)
     assert all(c.reason for c in resolution.changes)
 
 
@@ -201,9 +199,7 @@ def test_hook_ordering_and_wrappers_are_attributed() -> None:
             changes.record("scheduler.max_num_batched_tokens", 4096, "after the others")
             return result
 
-    with registered(Late(), "late"), registered(Early(), "early"), registered(
-        Wrapper(), "wrap"
-    ):
+    with registered(Late(), "late"), registered(Early(), "early"), registered(Wrapper(), "wrap"):
         resolution = hwplug.resolve(platform="h100")
     seqs = resolution.changes_to("scheduler.max_num_seqs")
     assert [(c.source, c.new) for c in seqs] == [("early", 48), ("late", 32)]

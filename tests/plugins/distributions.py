@@ -54,7 +54,10 @@ def clean_env(**extra: str) -> dict[str, str]:
 
 
 def run_python(
-    code: str, *, paths: list[Path] = (), env: Mapping[str, str] | None = None,  # type: ignore[assignment]
+    code: str,
+    *,
+    paths: list[Path] = (),
+    env: Mapping[str, str] | None = None,  # type: ignore[assignment]
     timeout: float = 120,
 ) -> subprocess.CompletedProcess[str]:
     """Run ``code`` in a fresh interpreter with ``paths`` first on ``sys.path``."""
@@ -63,5 +66,9 @@ def run_python(
     environment["PYTHONPATH"] = os.pathsep.join(pythonpath)
     return subprocess.run(
         [sys.executable, "-c", textwrap.dedent(code)],
-        capture_output=True, text=True, env=environment, timeout=timeout, check=False,
+        capture_output=True,
+        text=True,
+        env=environment,
+        timeout=timeout,
+        check=False,
     )

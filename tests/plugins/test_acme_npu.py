@@ -20,11 +20,21 @@ def acme_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
     target = tmp_path_factory.mktemp("acme-site")
     result = subprocess.run(
         [
-            sys.executable, "-m", "pip", "install", "--quiet", "--no-deps",
-            "--no-build-isolation", "--no-index", "--target", str(target),
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--no-deps",
+            "--no-build-isolation",
+            "--no-index",
+            "--target",
+            str(target),
             str(REPO / "examples" / "acme_npu"),
         ],
-        capture_output=True, text=True, check=False,
+        capture_output=True,
+        text=True,
+        check=False,
     )
     assert result.returncode == 0, result.stderr
     assert list(target.glob("acme_npu-*.dist-info"))

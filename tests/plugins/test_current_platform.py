@@ -27,7 +27,7 @@ def test_current_platform_is_the_selection() -> None:
 
 def test_unknown_module_attribute_is_an_attribute_error() -> None:
     with pytest.raises(AttributeError, match="no attribute 'nonsense'"):
-        hwplug.nonsense  # noqa: B018
+        hwplug.nonsense
 
 
 def test_use_platform_with_profile_restores_on_exit() -> None:

@@ -41,11 +41,18 @@ def hwplug_platforms():
 """
 
 
-def install(tmp_path: Path, dist: str, module: str, source: str, ep_name: str | None = None,
-            group: str = "hwplug.platforms") -> Path:
+def install(
+    tmp_path: Path,
+    dist: str,
+    module: str,
+    source: str,
+    ep_name: str | None = None,
+    group: str = "hwplug.platforms",
+) -> Path:
     site = tmp_path / "site"
     make_distribution(
-        site, dist,
+        site,
+        dist,
         entry_points={group: {ep_name or module: module}},
         modules={f"{module}.py": source},
     )
@@ -117,9 +124,7 @@ def test_hwplug_plugins_allow_list(tmp_path: Path, allow: str | None, loaded: bo
 
 
 def test_hwplug_plugins_applies_to_extension_group_too(tmp_path: Path) -> None:
-    site = install(
-        tmp_path, "vendor-ext", "vendor_ext", "import hwplug\n", group="hwplug.plugins"
-    )
+    site = install(tmp_path, "vendor-ext", "vendor_ext", "import hwplug\n", group="hwplug.plugins")
     assert "vendor_ext" in info([site])["plugins"]
     assert "vendor_ext" not in info([site], HWPLUG_PLUGINS="")["plugins"]
 
@@ -149,7 +154,9 @@ def test_hwplug_platform_absent_says_how_to_simulate() -> None:
 def test_hwplug_simulate_implies_platform_and_never_probes(tmp_path: Path) -> None:
     # A vendor whose probe would explode: simulation must not call any detect().
     site = install(
-        tmp_path, "vendor-npu", "vendor_npu",
+        tmp_path,
+        "vendor-npu",
+        "vendor_npu",
         vendor_module(detect="raise RuntimeError('probe touched hardware')"),
     )
     out = info([site], HWPLUG_SIMULATE="h100:8", HWPLUG_STRICT="1")
@@ -179,18 +186,43 @@ def test_hwplug_simulate_conflicting_with_platform() -> None:
 
 
 FAILURES = {
-    "import error": ("vendor_broken", "import does_not_exist_anywhere\n", "load",
-                     "ModuleNotFoundError"),
-    "raising detect": ("vendor_npu", vendor_module(detect="raise OSError('driver gone')"),
-                       "npu.detect()", "OSError: driver gone"),
-    "raising hook": ("vendor_npu", "import hwplug\n@hwplug.hookimpl\ndef hwplug_platforms():\n"
-                     "    raise RuntimeError('boom')\n", "hwplug_platforms", "RuntimeError: boom"),
-    "garbage from hook": ("vendor_npu", "import hwplug\n@hwplug.hookimpl\ndef hwplug_platforms():\n"
-                          "    return 42\n", "hwplug_platforms", "returned int"),
-    "garbage item": ("vendor_npu", "import hwplug\n@hwplug.hookimpl\ndef hwplug_platforms():\n"
-                     "    return [object]\n", "hwplug_platforms", "not a Platform subclass"),
-    "garbage from detect": ("vendor_npu", vendor_module(detect="return 'yes'"), "npu.detect()",
-                            "expected a list of DeviceInfo"),
+    "import error": (
+        "vendor_broken",
+        "import does_not_exist_anywhere\n",
+        "load",
+        "ModuleNotFoundError",
+    ),
+    "raising detect": (
+        "vendor_npu",
+        vendor_module(detect="raise OSError('driver gone')"),
+        "npu.detect()",
+        "OSError: driver gone",
+    ),
+    "raising hook": (
+        "vendor_npu",
+        "import hwplug\n@hwplug.hookimpl\ndef hwplug_platforms():\n"
+        "    raise RuntimeError('boom')\n",
+        "hwplug_platforms",
+        "RuntimeError: boom",
+    ),
+    "garbage from hook": (
+        "vendor_npu",
+        "import hwplug\n@hwplug.hookimpl\ndef hwplug_platforms():\n    return 42\n",
+        "hwplug_platforms",
+        "returned int",
+    ),
+    "garbage item": (
+        "vendor_npu",
+        "import hwplug\n@hwplug.hookimpl\ndef hwplug_platforms():\n    return [object]\n",
+        "hwplug_platforms",
+        "not a Platform subclass",
+    ),
+    "garbage from detect": (
+        "vendor_npu",
+        vendor_module(detect="return 'yes'"),
+        "npu.detect()",
+        "expected a list of DeviceInfo",
+    ),
 }
 
 
@@ -228,10 +260,18 @@ def test_failing_plugin_warns_with_its_name(tmp_path: Path) -> None:
 
 def test_platform_name_claimed_twice_names_both_distributions(tmp_path: Path) -> None:
     site = tmp_path / "site"
-    make_distribution(site, "first-dist", entry_points={"hwplug.platforms": {"a": "vendor_a"}},
-                      modules={"vendor_a.py": vendor_module()})
-    make_distribution(site, "second-dist", entry_points={"hwplug.platforms": {"b": "vendor_b"}},
-                      modules={"vendor_b.py": vendor_module()})
+    make_distribution(
+        site,
+        "first-dist",
+        entry_points={"hwplug.platforms": {"a": "vendor_a"}},
+        modules={"vendor_a.py": vendor_module()},
+    )
+    make_distribution(
+        site,
+        "second-dist",
+        entry_points={"hwplug.platforms": {"b": "vendor_b"}},
+        modules={"vendor_b.py": vendor_module()},
+    )
     out = info([site])
     assert out["error"] == "PluginError"
     assert "'npu' is claimed twice" in out["message"]
@@ -248,10 +288,18 @@ def test_claiming_a_builtin_name_is_an_error(tmp_path: Path) -> None:
 
 def test_equal_priority_tie_names_both_and_says_how_to_force(tmp_path: Path) -> None:
     site = tmp_path / "site"
-    make_distribution(site, "first-dist", entry_points={"hwplug.platforms": {"a": "vendor_a"}},
-                      modules={"vendor_a.py": vendor_module(name="npu1")})
-    make_distribution(site, "second-dist", entry_points={"hwplug.platforms": {"b": "vendor_b"}},
-                      modules={"vendor_b.py": vendor_module(name="npu2")})
+    make_distribution(
+        site,
+        "first-dist",
+        entry_points={"hwplug.platforms": {"a": "vendor_a"}},
+        modules={"vendor_a.py": vendor_module(name="npu1")},
+    )
+    make_distribution(
+        site,
+        "second-dist",
+        entry_points={"hwplug.platforms": {"b": "vendor_b"}},
+        modules={"vendor_b.py": vendor_module(name="npu2")},
+    )
     out = info([site])
     assert out["error"] == "PluginError"
     assert "'npu1'" in out["message"] and "'npu2'" in out["message"]
