@@ -12,6 +12,19 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+
+from hwplug.core.platform import DeviceCapability, DeviceInfo
+from hwplug.platforms import probes
+from hwplug.platforms.probes import (
+    cpu_numa_nodes,
+    ipex_available,
+    probe_amd,
+    probe_cpu,
+    probe_habana,
+    probe_intel_gpu,
+    probe_nvidia,
+)
+from hwplug.platforms.profiles import PROFILES
 from tests.platforms.fakes import (
     DGX_ADDRESSES,
     XEON_FLAGS,
@@ -26,19 +39,6 @@ from tests.platforms.fakes import (
 )
 from tests.platforms.mock_amdsmi import FakeAMDGPU, make_amdsmi
 from tests.platforms.mock_pynvml import FakeGPU, NVMLError_LibraryNotFound, make_pynvml
-
-from hwplug.core.platform import DeviceCapability, DeviceInfo
-from hwplug.platforms import probes
-from hwplug.platforms.probes import (
-    cpu_numa_nodes,
-    ipex_available,
-    probe_amd,
-    probe_cpu,
-    probe_habana,
-    probe_intel_gpu,
-    probe_nvidia,
-)
-from hwplug.platforms.profiles import PROFILES
 
 GiB = 1 << 30
 MiB = 1 << 20

@@ -23,7 +23,10 @@ GiB = 1 << 30
 _PROFILES = {
     "acme-n1": DeviceInfo("ACME N1 Inference Accelerator", 64 * GiB, arch="n1", vendor="ACME"),
     "acme-n2": DeviceInfo(
-        "ACME N2 Inference Accelerator", 128 * GiB, arch="n2", vendor="ACME",
+        "ACME N2 Inference Accelerator",
+        128 * GiB,
+        arch="n2",
+        vendor="ACME",
         features=frozenset({"fp8"}),
     ),
 }
