@@ -39,7 +39,7 @@ if TYPE_CHECKING:
     from hwplug.core.platform import DeviceInfo, Platform
     from hwplug.plugins.manager import HwplugPluginManager
 
-__all__ = ["app", "main", "parse_set_option"]
+__all__ = ["CliError", "app", "main", "parse_set_option"]
 
 PROG = "hwplug"
 EXIT_USAGE = 2
@@ -473,11 +473,30 @@ def parse_set_option(text: str) -> tuple[list[str], Any]:
             f"--set {text!r}: {section} has no field {field!r}{hint}; "
             f"{section} fields: {', '.join(fields)}"
         )
+    if len(path) > 2 and not _has_subfields(types[section], field):
+        raise CliError(
+            f"--set {text!r}: {section}.{field} is a plain value, not a section of fields; "
+            f"use --set {section}.{field}=VALUE"
+        )
     try:
         value = json.loads(raw)
     except ValueError:
         value = raw
     return path, value
+
+
+def _has_subfields(section_cls: type, name: str) -> bool:
+    """Whether a field holds a dict or a nested config (so ``a.b.c=v`` can reach into it)."""
+    import dataclasses
+
+    for field in dataclasses.fields(section_cls):
+        if field.name == name:
+            if field.default_factory is not dataclasses.MISSING:
+                default = field.default_factory()
+            else:
+                default = field.default
+            return isinstance(default, dict) or dataclasses.is_dataclass(default)
+    return False
 
 
 def _apply_set(data: dict[str, Any], text: str, path: list[str], value: Any) -> None:
