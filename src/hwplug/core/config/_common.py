@@ -30,11 +30,15 @@ __all__ = [
     "NonNegativeFloat",
     "PositiveInt",
     "config_section",
+    "did_you_mean",
     "format_validation_error",
     "jsonable",
+    "logger",
     "qualified_name",
     "resolve_qualname",
     "stable_factors",
+    "surface",
+    "torch_version",
     "torch_version_at_least",
 ]
 
@@ -119,6 +123,10 @@ def did_you_mean(name: str, choices: Iterable[str]) -> str:
     return f" (did you mean {close[0]!r}?)" if close else ""
 
 
+_S = TypeVar("_S", bound="ConfigSection")
+_T = TypeVar("_T", bound=type)
+
+
 class ConfigSection:
     """Behaviour shared by every config model (mixed into the pydantic dataclasses).
 
@@ -140,10 +148,6 @@ class ConfigSection:
     def to_dict(self) -> dict[str, Any]:
         """The user-settable fields as a JSON-ready dict (derived fields left out)."""
         return {name: jsonable(getattr(self, name)) for name in self.init_field_names()}
-
-
-_S = TypeVar("_S", bound=ConfigSection)
-_T = TypeVar("_T", bound=type)
 
 
 def _unknown_field(cls: type[ConfigSection], name: str) -> ConfigError:
