@@ -527,12 +527,13 @@ def _step_finalise(config: EngineConfig, plat: Platform, changes: ChangeLog) -> 
         copy.deepcopy(comp.cudagraph_capture_sizes),
         reason,
     )
-    changes.note(
-        "compilation.compile_sizes",
-        compile_before,
-        copy.deepcopy(comp.compile_sizes),
-        "expanded and deduplicated",
-    )
+    if compile_before is not None or comp.compile_sizes:
+        changes.note(
+            "compilation.compile_sizes",
+            compile_before,
+            copy.deepcopy(comp.compile_sizes),
+            "sizes for Inductor: 'cudagraph_capture_sizes' expanded, duplicates removed",
+        )
     if graphs_on and comp.cudagraph_num_of_warmups == 0:
         changes.record(
             "compilation.cudagraph_num_of_warmups",
