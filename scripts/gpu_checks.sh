@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Run every GPU-marked test in the repository, then the KV-write benchmark if present.
+# Usage: scripts/gpu_checks.sh   (from anywhere; uses .venv/bin/python when it exists)
+# With $OUT set, results go under it: pytest.txt, junit.xml, bench_kv_write.json, nvidia-smi.txt.
+set -uo pipefail
+
+cd "$(dirname "$0")/.."
+PYTHON="${PYTHON:-python}"
+[ -x .venv/bin/python ] && PYTHON=.venv/bin/python
+export PYTHONPATH="src${PYTHONPATH:+:$PYTHONPATH}"
+OUT_DIR="${OUT:-}"
+[ -n "$OUT_DIR" ] && mkdir -p "$OUT_DIR"
+
+save() {  # save NAME: tee stdin to $OUT/NAME when $OUT is set
+    if [ -n "$OUT_DIR" ]; then tee "$OUT_DIR/$1"; else cat; fi
+}
+
+status=0
+{ nvidia-smi || rocm-smi || true; } 2>&1 | save nvidia-smi.txt >/dev/null
+"$PYTHON" -c "import torch; print('torch', torch.__version__, 'cuda available:', torch.cuda.is_available())" 2>&1 | save env.txt
+
+junit=()
+[ -n "$OUT_DIR" ] && junit=(--junitxml "$OUT_DIR/junit.xml")
+"$PYTHON" -m pytest -m gpu -q -rA -p no:cacheprovider "${junit[@]}" tests 2>&1 | save pytest.txt
+[ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+
+if [ -f benchmarks/bench_kv_write.py ]; then
+    "$PYTHON" benchmarks/bench_kv_write.py 2>&1 | save bench_kv_write.json
+    [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+fi
+
+echo "gpu_checks: exit status $status" | save status.txt
+exit "$status"
