@@ -117,7 +117,7 @@ def test_derived_fields_are_not_constructor_arguments() -> None:
     }
     assert "pass_config" in init
     with pytest.raises(ConfigError, match=r"compilation\.max_capture_size: unknown field"):
-        CompilationConfig(max_capture_size=8)
+        CompilationConfig(max_capture_size=8)  # type: ignore[call-arg]
 
 
 def test_attention_ops_are_the_seed_list() -> None:
@@ -132,7 +132,7 @@ def test_attention_ops_are_the_seed_list() -> None:
     [(None, None), (0, 0), (3, 3), (CompilationLevel.DYNAMO_ONCE, 2), ("1", 1), ("piecewise", 3)],
 )
 def test_level_accepts_0_to_3(value: object, expected: int | None) -> None:
-    level = CompilationConfig(level=value).level
+    level = CompilationConfig(level=value).level  # type: ignore[arg-type]
     assert level == expected
     assert type(level) is type(expected)
 
@@ -140,7 +140,7 @@ def test_level_accepts_0_to_3(value: object, expected: int | None) -> None:
 @pytest.mark.parametrize("value", [4, -1, True, "fast", 2.5])
 def test_bad_level_lists_the_levels(value: object) -> None:
     with pytest.raises(ConfigError) as info:
-        CompilationConfig(level=value)
+        CompilationConfig(level=value)  # type: ignore[arg-type]
     message = str(info.value)
     assert "compilation.level" in message
     for name in ("NO_COMPILATION", "DYNAMO_AS_IS", "DYNAMO_ONCE", "PIECEWISE"):
@@ -164,18 +164,18 @@ def test_bad_level_lists_the_levels(value: object) -> None:
 def test_cudagraph_mode_is_parsed_from_names_and_values(
     value: object, expected: CUDAGraphMode
 ) -> None:
-    assert CompilationConfig(cudagraph_mode=value).cudagraph_mode is expected
+    assert CompilationConfig(cudagraph_mode=value).cudagraph_mode is expected  # type: ignore[arg-type]
     config = CompilationConfig()
-    config.cudagraph_mode = value
+    config.cudagraph_mode = value  # type: ignore[assignment]
     assert config.cudagraph_mode is expected
 
 
 def test_unknown_cudagraph_mode_lists_the_modes() -> None:
     with pytest.raises(ConfigError, match=r"compilation\.cudagraph_mode.*FULL_AND_PIECEWISE"):
-        CompilationConfig(cudagraph_mode="sometimes")
-    config = CompilationConfig(cudagraph_mode="full")
+        CompilationConfig(cudagraph_mode="sometimes")  # type: ignore[arg-type]
+    config = CompilationConfig(cudagraph_mode="full")  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match="FULL_DECODE_ONLY"):
-        config.cudagraph_mode = 9
+        config.cudagraph_mode = 9  # type: ignore[assignment]
     assert config.cudagraph_mode is M.FULL
 
 
@@ -223,7 +223,7 @@ def test_use_cudagraph_false_migrates_to_none() -> None:
         config = CompilationConfig(use_cudagraph=False)
     assert config.cudagraph_mode is M.NONE
     with pytest.warns(DeprecationWarning, match="use_cudagraph"):
-        assert CompilationConfig(use_cudagraph=False, cudagraph_mode="NONE").cudagraph_mode is (
+        assert CompilationConfig(use_cudagraph=False, cudagraph_mode="NONE").cudagraph_mode is (  # type: ignore[arg-type]
             M.NONE
         )
 
@@ -233,14 +233,14 @@ def test_use_cudagraph_false_with_a_graph_mode_is_an_error() -> None:
         pytest.warns(DeprecationWarning, match="use_cudagraph"),
         pytest.raises(ConfigError, match=r"use_cudagraph.*cudagraph_mode.*mutually exclusive"),
     ):
-        CompilationConfig(use_cudagraph=False, cudagraph_mode="PIECEWISE")
+        CompilationConfig(use_cudagraph=False, cudagraph_mode="PIECEWISE")  # type: ignore[arg-type]
 
 
 def test_full_cuda_graph_migrates_to_full() -> None:
     with pytest.warns(DeprecationWarning, match="full_cuda_graph"):
         assert CompilationConfig(full_cuda_graph=True).cudagraph_mode is M.FULL
     with pytest.warns(DeprecationWarning, match="full_cuda_graph"):
-        config = CompilationConfig(full_cuda_graph=True, cudagraph_mode="FULL_DECODE_ONLY")
+        config = CompilationConfig(full_cuda_graph=True, cudagraph_mode="FULL_DECODE_ONLY")  # type: ignore[arg-type]
     assert config.cudagraph_mode is M.FULL
 
 
@@ -250,7 +250,7 @@ def test_full_cuda_graph_with_a_mode_without_full_graphs_is_an_error(mode: str) 
         pytest.warns(DeprecationWarning, match="full_cuda_graph"),
         pytest.raises(ConfigError, match=r"full_cuda_graph.*cudagraph_mode.*mutually exclusive"),
     ):
-        CompilationConfig(full_cuda_graph=True, cudagraph_mode=mode)
+        CompilationConfig(full_cuda_graph=True, cudagraph_mode=mode)  # type: ignore[arg-type]
 
 
 def test_both_deprecated_flags_contradict_each_other() -> None:
@@ -274,18 +274,18 @@ def test_deprecations_are_also_logged(caplog: pytest.LogCaptureFixture) -> None:
 
 
 def test_pass_config_from_a_dict() -> None:
-    config = CompilationConfig(pass_config={"enable_fusion": True, "enable_noop": True})
+    config = CompilationConfig(pass_config={"enable_fusion": True, "enable_noop": True})  # type: ignore[arg-type]
     assert isinstance(config.pass_config, PassConfig)
     assert config.pass_config.enable_fusion
-    config.pass_config = {"enable_async_tp": True}
+    config.pass_config = {"enable_async_tp": True}  # type: ignore[assignment]
     assert config.pass_config == PassConfig(enable_async_tp=True)
 
 
 def test_pass_config_errors_name_the_nested_field() -> None:
     with pytest.raises(ConfigError, match=r"compilation\.pass_config\.fusion: unknown field"):
-        CompilationConfig(pass_config={"fusion": True})
+        CompilationConfig(pass_config={"fusion": True})  # type: ignore[arg-type]
     with pytest.raises(ValidationError, match=r"pass_config\.enable_noop"):
-        CompilationConfig(pass_config={"enable_noop": "perhaps"})
+        CompilationConfig(pass_config={"enable_noop": "perhaps"})  # type: ignore[arg-type]
 
 
 # ---------------------------------------------------------------------- inductor passes
@@ -336,7 +336,7 @@ def test_unresolvable_pass_names_the_pass_and_the_name(name: str) -> None:
 
 def test_pass_values_must_be_names_or_callables() -> None:
     with pytest.raises(ValidationError, match="inductor_passes"):
-        CompilationConfig(inductor_passes={"p": 42})
+        CompilationConfig(inductor_passes={"p": 42})  # type: ignore[dict-item]
 
 
 def test_callable_pass_wrapper_identity_is_the_qualified_name() -> None:
@@ -509,8 +509,8 @@ def test_repr_shows_only_what_differs_from_the_defaults() -> None:
     assert repr(CompilationConfig()) == "{}"
     config = CompilationConfig(
         level=3,
-        cudagraph_mode="FULL",
-        pass_config={"enable_noop": True},
+        cudagraph_mode="FULL",  # type: ignore[arg-type]
+        pass_config={"enable_noop": True},  # type: ignore[arg-type]
         debug_dump_path=Path("/tmp/d"),
     )
     assert repr(config) == (
@@ -593,7 +593,7 @@ def test_init_backend_for_piecewise_builds_the_piecewise_backend(
     monkeypatch.setitem(sys.modules, "hwplug.compilation.piecewise", module)
     config = CompilationConfig(level=3)
     engine = object()
-    backend = config.init_backend(engine)
+    backend = config.init_backend(engine)  # type: ignore[arg-type]
     assert isinstance(backend, PiecewiseBackend)
     assert backend.args == (config, engine)
 
@@ -688,7 +688,7 @@ def test_set_splitting_ops_needs_level_piecewise() -> None:
 
 @pytest.mark.parametrize("method", ["set_splitting_ops_for_v1", "set_splitting_ops"])
 def test_unset_splitting_ops_become_a_copy_of_the_attention_ops(method: str) -> None:
-    config = CompilationConfig(level=3, cudagraph_mode="FULL_AND_PIECEWISE")
+    config = CompilationConfig(level=3, cudagraph_mode="FULL_AND_PIECEWISE")  # type: ignore[arg-type]
     getattr(config, method)()
     assert config.splitting_ops == ATTENTION_OPS
     assert config.splitting_ops is not CompilationConfig._attention_ops
@@ -716,7 +716,7 @@ def test_empty_splitting_ops_drop_piecewise_graphs(
 
 
 def test_explicit_splitting_ops_are_kept() -> None:
-    config = CompilationConfig(level=3, splitting_ops=["my.op"], cudagraph_mode="PIECEWISE")
+    config = CompilationConfig(level=3, splitting_ops=["my.op"], cudagraph_mode="PIECEWISE")  # type: ignore[arg-type]
     config.set_splitting_ops_for_v1()
     assert config.splitting_ops == ["my.op"]
     assert config.cudagraph_mode is M.PIECEWISE
@@ -747,7 +747,7 @@ def test_attention_fusion_keeps_attention_compiled(
     config = CompilationConfig(
         level=3,
         cudagraph_mode=mode,
-        pass_config={"enable_attn_fusion": True, "enable_noop": True},
+        pass_config={"enable_attn_fusion": True, "enable_noop": True},  # type: ignore[arg-type]
     )
     config.set_splitting_ops_for_v1()
     assert config.splitting_ops == []
@@ -758,7 +758,7 @@ def test_attention_fusion_with_attention_splitting_ops_is_an_error() -> None:
     config = CompilationConfig(
         level=3,
         splitting_ops=list(ATTENTION_OPS),
-        pass_config={"enable_attn_fusion": True, "enable_noop": True},
+        pass_config={"enable_attn_fusion": True, "enable_noop": True},  # type: ignore[arg-type]
     )
     with pytest.raises(
         ConfigError, match=r"compilation\.splitting_ops.*attention.*enable_attn_fusion"

@@ -31,16 +31,16 @@ SRC = Path(__file__).resolve().parents[3] / "src"
 def rich_config() -> EngineConfig:
     """A config with a non-default value of every kind of field."""
     return EngineConfig(
-        model=ModelConfig(dtype="bf16", num_layers=4, use_mla=True),
+        model=ModelConfig(dtype="bf16", num_layers=4, use_mla=True),  # type: ignore[arg-type]
         cache=CacheConfig(block_size=32, cache_dtype="fp8", swap_space=1.5),
         compilation=CompilationConfig(
             level=3,
-            cudagraph_mode="FULL_AND_PIECEWISE",
+            cudagraph_mode="FULL_AND_PIECEWISE",  # type: ignore[arg-type]
             custom_ops=["none", "+rms_norm"],
             compile_sizes=[1, "cudagraph_capture_sizes"],
             debug_dump_path=Path("/tmp/dump"),
             inductor_passes={"join": "os.path.join"},
-            pass_config={"enable_noop": True, "dump_graph_dir": Path("/tmp/g")},
+            pass_config={"enable_noop": True, "dump_graph_dir": Path("/tmp/g")},  # type: ignore[arg-type]
         ),
         parallel=ParallelConfig(tensor_parallel_size=2, distributed_executor_backend="mp"),
         scheduler=SchedulerConfig(max_num_seqs=64, cuda_graph_sizes=[1, 2, 3]),
@@ -63,14 +63,14 @@ def test_every_section_is_defaulted_and_independent() -> None:
 
 def test_sections_can_be_given_as_objects_or_dicts() -> None:
     cache = CacheConfig(block_size=16)
-    config = EngineConfig(cache=cache, model={"num_layers": 2})
+    config = EngineConfig(cache=cache, model={"num_layers": 2})  # type: ignore[arg-type]
     assert config.cache is cache
     assert config.model.num_layers == 2
 
 
 def test_unknown_section_keyword_lists_the_sections() -> None:
     with pytest.raises(ConfigError, match=r"unknown field.*model, cache, compilation"):
-        EngineConfig(caches={})
+        EngineConfig(caches={})  # type: ignore[call-arg]
 
 
 def test_equality_and_deep_copies() -> None:
@@ -90,10 +90,10 @@ def test_equality_and_deep_copies() -> None:
 
 def test_assigning_a_section_validates_it() -> None:
     config = EngineConfig()
-    config.cache = {"block_size": 8}
+    config.cache = {"block_size": 8}  # type: ignore[assignment]
     assert config.cache == CacheConfig(block_size=8)
     with pytest.raises(ValueError, match="block_size"):
-        config.cache = {"block_size": 0}
+        config.cache = {"block_size": 0}  # type: ignore[assignment]
     assert config.cache.block_size == 8
 
 
@@ -221,7 +221,7 @@ def test_from_dict_section_must_be_a_dict(body: object) -> None:
 @pytest.mark.parametrize("data", [[], "cache", None, 3])
 def test_from_dict_needs_a_dict(data: object) -> None:
     with pytest.raises(ConfigError, match="dict of sections"):
-        EngineConfig.from_dict(data)
+        EngineConfig.from_dict(data)  # type: ignore[arg-type]
 
 
 def test_from_dict_field_names_must_be_strings() -> None:

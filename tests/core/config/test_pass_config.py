@@ -55,7 +55,7 @@ def test_fusion_without_noop_elimination_warns(caplog: pytest.LogCaptureFixture)
 
 def test_unknown_field_names_the_path_and_allowed_fields() -> None:
     with pytest.raises(ConfigError) as info:
-        PassConfig(enable_fuson=True)
+        PassConfig(enable_fuson=True)  # type: ignore[call-arg]
     message = str(info.value)
     assert "compilation.pass_config.enable_fuson" in message
     assert "did you mean 'enable_fusion'" in message
