@@ -162,7 +162,7 @@ def cache_dtype_to_torch(
 def _resolve_dtype(dtype: object) -> torch.dtype:
     import torch
 
-    if isinstance(dtype, torch.dtype):
+    if isinstance(dtype, torch.dtype) and dtype.is_floating_point:
         return dtype
     if isinstance(dtype, str):
         text = dtype.strip().removeprefix("torch.")
