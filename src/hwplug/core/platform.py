@@ -17,6 +17,7 @@ from collections.abc import Iterable, Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
 
+from hwplug.core.dtypes import canonical_dtype
 from hwplug.core.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -28,28 +29,6 @@ if TYPE_CHECKING:
 __all__ = ["DeviceCapability", "DeviceInfo", "Platform", "parse_profile_spec"]
 
 GiB = 1 << 30
-
-# Names accepted for model dtypes, mapped to the canonical spelling.
-_DTYPE_ALIASES = {
-    "bfloat16": "bfloat16",
-    "bf16": "bfloat16",
-    "float16": "float16",
-    "fp16": "float16",
-    "half": "float16",
-    "float32": "float32",
-    "fp32": "float32",
-    "float": "float32",
-}
-
-
-def canonical_dtype(dtype: Any) -> str:
-    """Return the canonical name (``bfloat16``/``float16``/``float32``...) of a dtype.
-
-    Accepts strings and ``torch.dtype`` objects (without importing torch).
-    """
-    text = str(dtype)
-    text = text.removeprefix("torch.")
-    return _DTYPE_ALIASES.get(text, text)
 
 
 class DeviceCapability(NamedTuple):

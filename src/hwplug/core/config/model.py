@@ -9,21 +9,13 @@ from pydantic import field_validator, model_validator
 from pydantic.dataclasses import dataclass
 
 from hwplug.core.config._common import CONFIG, ConfigSection, PositiveInt, config_section
+from hwplug.core.dtypes import canonical_dtype
 from hwplug.core.errors import ConfigError
 
 __all__ = ["ModelConfig", "ModelDType"]
 
 #: Model dtypes; ``auto`` lets the platform pick its first supported one.
 ModelDType = Literal["auto", "float16", "bfloat16", "float32"]
-
-# Accepted spellings of the model dtypes.
-_DTYPE_ALIASES = {
-    "half": "float16",
-    "fp16": "float16",
-    "bf16": "bfloat16",
-    "float": "float32",
-    "fp32": "float32",
-}
 
 
 @config_section
@@ -66,8 +58,7 @@ class ModelConfig(ConfigSection):
         if type(value).__name__ == "dtype":  # a torch.dtype, without importing torch
             value = str(value)
         if isinstance(value, str):
-            text = value.strip().lower().removeprefix("torch.")
-            return _DTYPE_ALIASES.get(text, text)
+            return canonical_dtype(value)
         return value
 
     @model_validator(mode="after")
