@@ -127,7 +127,7 @@ def bench_cuda(tokens: int, repeats: int, peak_gbps: float) -> dict[str, Any]:
     for backend in ("triton", "torch"):
 
         def write(backend: str = backend) -> None:
-            write_kv_cache(**batch, k_scale=ks, v_scale=vs, backend=backend)  # type: ignore[arg-type]
+            write_kv_cache(**batch, k_scale=ks, v_scale=vs, backend=backend)
 
         seconds = median_seconds(write, repeats, torch.cuda.synchronize)
         gbps = moved / seconds / 1e9

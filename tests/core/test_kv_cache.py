@@ -174,7 +174,7 @@ def test_spec_validation(kwargs: dict[str, Any], message: str) -> None:
 def test_spec_is_frozen() -> None:
     spec = KVCacheSpec(1, 1, 8, 16, torch.float16)
     with pytest.raises(AttributeError):
-        spec.block_size = 32  # type: ignore[misc]
+        spec.block_size = 32
 
 
 def test_from_config_splits_heads_across_tensor_parallel_ranks() -> None:
@@ -368,7 +368,7 @@ def test_unencodable_values_are_value_errors() -> None:
     with pytest.raises(ValueError, match=r"token_ids must be integers"):
         hash_block_tokens(hash_function("sha256"), None, [1.5])
     with pytest.raises(ValueError, match=r"extra_keys must be a tuple"):
-        hash_block_tokens(hash_function("sha256"), None, [1], extra_keys="lora")  # type: ignore[arg-type]
+        hash_block_tokens(hash_function("sha256"), None, [1], extra_keys="lora")
 
 
 def test_block_hash_covers_parent_tokens_and_extra_keys() -> None:

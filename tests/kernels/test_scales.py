@@ -60,4 +60,4 @@ def test_errors_name_the_argument() -> None:
     with pytest.raises(ValueError, match="key must be a floating-point tensor"):
         compute_kv_scales(torch.ones(1, dtype=torch.int32), ones, torch.float8_e4m3fn)
     with pytest.raises(ValueError, match=r"value must be a torch\.Tensor"):
-        compute_kv_scales(ones, [1.0], torch.float8_e4m3fn)  # type: ignore[arg-type]
+        compute_kv_scales(ones, [1.0], torch.float8_e4m3fn)

@@ -106,14 +106,14 @@ def test_bad_scales(scale: Any, message: str) -> None:
 
 def test_unknown_backend_lists_the_three() -> None:
     with pytest.raises(ValueError, match=r"backend must be one of 'auto', 'torch', 'triton'"):
-        write_kv_cache(**args(), backend="cuda")  # type: ignore[arg-type]
+        write_kv_cache(**args(), backend="cuda")
     with pytest.raises(ValueError, match=r"got 'numpy'"):
         gather_kv_cache(
             args()["key_cache"],
             args()["value_cache"],
             torch.tensor([0]),
             dtype=torch.float32,
-            backend="numpy",  # type: ignore[arg-type]
+            backend="numpy",
         )
 
 
@@ -122,7 +122,7 @@ def test_gather_rejects_bad_arguments() -> None:
     with pytest.raises(ValueError, match=r"dtype must be one of bfloat16, float16, float32"):
         gather_kv_cache(*caches, torch.tensor([0]), dtype=torch.float8_e4m3fn)
     with pytest.raises(ValueError, match=r"dtype must be one of .*got 'float32'"):
-        gather_kv_cache(*caches, torch.tensor([0]), dtype="float32")  # type: ignore[arg-type]
+        gather_kv_cache(*caches, torch.tensor([0]), dtype="float32")
     with pytest.raises(ValueError, match=r"slot_mapping holds slot 9"):
         gather_kv_cache(*caches, torch.tensor([9, -1]), dtype=torch.float32)
     with pytest.raises(ValueError, match=r"slot_mapping must be a 1-D integer tensor"):
@@ -130,7 +130,7 @@ def test_gather_rejects_bad_arguments() -> None:
     with pytest.raises(ValueError, match=r"all tensors must be on one device"):
         gather_kv_cache(*caches, torch.tensor([0], device="meta"), dtype=torch.float32)
     with pytest.raises(ValueError, match=r"value_cache must be a torch\.Tensor"):
-        gather_kv_cache(caches[0], None, torch.tensor([0]), dtype=torch.float32)  # type: ignore[arg-type]
+        gather_kv_cache(caches[0], None, torch.tensor([0]), dtype=torch.float32)
 
 
 def test_empty_batches_are_fine() -> None:
