@@ -36,16 +36,17 @@ __all__ = [
     "support_matrix_page",
 ]
 
-GiB = 1 << 30
 
 PAGE_TITLE = "# Support matrix"
 PAGE_INTRO = """\
 What each platform supports on each simulated device profile, computed from
-the platforms' own rules. Block sizes show the default in bold, then every
-allowed size; MLA is multi-head latent attention (`model.use_mla`). The fp8
-format is the torch dtype that `cache.cache_dtype="fp8"` (on HPU `"fp8_inc"`)
-stores on that device; "none" where the device does not accept it (an explicit
-format such as `fp8_e5m2` may still be listed among the KV-cache dtypes).
+the platforms' own rules. The device column gives the compute capability or
+the GPU architecture. Block sizes show the default in bold, then every allowed
+size in brackets; MLA is multi-head latent attention (`model.use_mla`). The
+fp8 format is the torch dtype that `cache.cache_dtype="fp8"` (on HPU
+`"fp8_inc"`) stores on that device; "none" where the device does not accept
+it (an explicit format such as `fp8_e5m2` may still be listed among the
+KV-cache dtypes).
 
 This page is generated: run `python scripts/gen_support_matrix.py` (the same
 as `HWPLUG_PLUGINS= hwplug matrix --format markdown`) after changing a
@@ -64,6 +65,12 @@ class MatrixRow:
     """Simulated profile name, or None for a device detected on this machine."""
     device: str
     """The device, as in error messages (name, capability or architecture)."""
+    device_name: str
+    """The device's marketing name."""
+    capability: str | None
+    """Compute capability (``"9.0"``) where it applies."""
+    arch: str | None
+    """ISA generation (``"gfx942"``) where known."""
     device_count: int
     """Number of devices (1 for profiles)."""
     total_memory: int
@@ -165,6 +172,11 @@ def _row(platform: Platform, entry: PlatformEntry) -> MatrixRow:
         if platform.simulated and platform.profile
         else None,
         device=platform.describe_device(),
+        device_name=device.name if device is not None else platform.name,
+        capability=device.capability.as_version_str()
+        if device is not None and device.capability is not None
+        else None,
+        arch=device.arch if device is not None else None,
         device_count=len(platform.devices),
         total_memory=device.total_memory if device is not None else 0,
         distribution=entry.distribution,
@@ -227,19 +239,8 @@ def _cell(text: str) -> str:
     return text.replace("|", "\\|")
 
 
-def _code_list(items: Iterable[object]) -> str:
-    return ", ".join(f"`{item}`" for item in items) or "none"
-
-
 def _blocks(default: int, allowed: Sequence[int]) -> str:
-    return f"**{default}**; " + ", ".join(str(size) for size in allowed)
-
-
-def _memory(total: int) -> str:
-    if total <= 0:
-        return "unknown"
-    gib = total / GiB
-    return f"{gib:.0f} GiB" if gib == int(gib) else f"{gib:.1f} GiB"
+    return f"**{default}** ({', '.join(str(size) for size in allowed)})"
 
 
 def _joined(values: Iterable[str]) -> str:
@@ -247,64 +248,55 @@ def _joined(values: Iterable[str]) -> str:
     return " / ".join(unique)
 
 
+def _device_cell(row: MatrixRow) -> str:
+    # gfx names say more than the capability derived from them; NVIDIA has only the latter.
+    detail = row.arch if row.arch and row.arch.startswith("gfx") else row.capability or row.arch
+    count = f"{row.device_count} x " if row.device_count > 1 else ""
+    return f"{count}{row.device_name}" + (f" ({detail})" if detail else "")
+
+
 def render_markdown(rows: Sequence[MatrixRow]) -> str:
-    """Markdown tables: one summary row per platform, then one table per platform."""
+    """Markdown: a summary table of the platforms, then a table of profiles per platform."""
     by_platform: dict[str, list[MatrixRow]] = {}
     for row in rows:
         by_platform.setdefault(row.platform, []).append(row)
     if not by_platform:
         return "No platform to show.\n"
     lines = [
-        "| platform | distribution | priority | dist backend | default compilation level "
-        "| graph modes | profiles |",
-        "|---|---|---|---|---|---|---|",
+        "| platform | priority | dist backend | default compilation level | graph modes |",
+        "|---|---|---|---|---|",
     ]
     for name, group in by_platform.items():
-        profiles = [row.profile or "detected" for row in group]
-        lines.append(
-            "| "
-            + " | ".join(
-                _cell(part)
-                for part in (
-                    f"[`{name}`](#{name})",
-                    f"`{_joined(r.distribution for r in group)}`",
-                    _joined(str(r.priority) for r in group),
-                    _joined(f"`{r.dist_backend}`" for r in group),
-                    _joined(r.default_compilation_level for r in group),
-                    _joined(", ".join(r.graph_modes) for r in group),
-                    _code_list(profiles),
-                )
-            )
-            + " |"
+        summary = (
+            f"[{name}](#{name})",
+            _joined(str(r.priority) for r in group),
+            _joined(f"`{r.dist_backend}`" for r in group),
+            _joined(r.default_compilation_level for r in group),
+            _joined(", ".join(r.graph_modes) for r in group),
         )
+        lines.append("| " + " | ".join(_cell(c) for c in summary) + " |")
     for name, group in by_platform.items():
         lines += [
             "",
             f"## {name}",
             "",
-            "| profile | device | memory | block sizes | MLA block sizes | KV-cache dtypes "
-            "| fp8 format | model dtypes |",
-            "|---|---|---|---|---|---|---|---|",
+            f"Provided by the `{_joined(r.distribution for r in group)}` distribution.",
+            "",
+            "| profile | device | block sizes | MLA block sizes | KV-cache dtypes | fp8 format "
+            "| model dtypes |",
+            "|---|---|---|---|---|---|---|",
         ]
         for row in group:
-            device = row.device if row.device_count <= 1 else f"{row.device_count} x {row.device}"
-            lines.append(
-                "| "
-                + " | ".join(
-                    _cell(part)
-                    for part in (
-                        f"`{row.profile}`" if row.profile else "detected",
-                        device,
-                        _memory(row.total_memory),
-                        _blocks(row.default_block_size, row.block_sizes),
-                        _blocks(row.mla_default_block_size, row.mla_block_sizes),
-                        _code_list(row.cache_dtypes),
-                        f"`{row.fp8_format}`" if row.fp8_format else "none",
-                        _code_list(row.model_dtypes),
-                    )
-                )
-                + " |"
+            cells = (
+                f"`{row.profile}`" if row.profile else "detected",
+                _device_cell(row),
+                _blocks(row.default_block_size, row.block_sizes),
+                _blocks(row.mla_default_block_size, row.mla_block_sizes),
+                ", ".join(row.cache_dtypes),
+                row.fp8_format or "none",
+                ", ".join(row.model_dtypes),
             )
+            lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
     return "\n".join(lines) + "\n"
 
 

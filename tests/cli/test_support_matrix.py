@@ -91,8 +91,8 @@ def test_markdown_escapes_pipes_and_marks_defaults() -> None:
     text = render_markdown(support_matrix(_manager_with_vendor()))
     assert "Z\\|1 NPU" in text
     assert "| `z1` |" in text
-    assert "**32**; 32, 64" in text
-    assert "[`znpu`](#znpu)" in text
+    assert "**32** (32, 64)" in text
+    assert "[znpu](#znpu)" in text
 
 
 def test_markdown_of_nothing() -> None:
