@@ -14,7 +14,9 @@ from typing import Any
 
 import griffe
 
-_ROLE = re.compile(r":(?:py:)?(?:func|class|meth|attr|data|mod|exc|obj|const):`(~?)([\w.]+)(\(\))?`")
+_ROLE = re.compile(
+    r":(?:py:)?(?:func|class|meth|attr|data|mod|exc|obj|const):`(~?)([\w.]+)(\(\))?`"
+)
 _LITERAL_MARKER = re.compile(r"(?<=\S)::$", re.MULTILINE)
 
 
