@@ -285,3 +285,20 @@ def test_resolve_rejects_non_configs() -> None:
 def test_resolve_uses_the_current_platform_by_default() -> None:
     with hwplug.use_platform("mi300x"):
         assert hwplug.resolve().platform.name == "rocm"
+
+
+def test_defaults_filled_after_construction_are_not_user_choices() -> None:
+    assert user_set_fields(EngineConfig()) == frozenset()
+    config = EngineConfig(
+        scheduler=SchedulerConfig(max_num_seqs=100),
+        compilation=CompilationConfig(inductor_passes={"join": "os.path.join"}),
+    )
+    assert user_set_fields(config) == {"scheduler.max_num_seqs", "compilation.inductor_passes"}
+    explicit = EngineConfig(
+        scheduler=SchedulerConfig(cuda_graph_sizes=[8]),
+        compilation=CompilationConfig(inductor_compile_config={"max_autotune": True}),
+    )
+    assert user_set_fields(explicit) == {
+        "scheduler.cuda_graph_sizes",
+        "compilation.inductor_compile_config",
+    }

@@ -130,10 +130,14 @@ def user_set_fields(config: EngineConfig) -> frozenset[str]:
     paths = set()
     for section in SECTIONS:
         part = getattr(config, section)
+        filled = part.unset_values()
         for field in dataclasses.fields(part):
             if not field.init:
                 continue
-            if not _unset_value(getattr(part, field.name), _field_default(field)):
+            value = getattr(part, field.name)
+            if field.name in filled and value == filled[field.name]:
+                continue
+            if not _unset_value(value, _field_default(field)):
                 paths.add(f"{section}.{field.name}")
     return frozenset(paths)
 

@@ -141,6 +141,15 @@ class ConfigSection:
         """Names of the fields a user may set (constructor arguments)."""
         return tuple(f.name for f in dataclasses.fields(cls) if f.init)  # type: ignore[arg-type]
 
+    def unset_values(self) -> dict[str, Any]:
+        """Values that fields take after construction when the user left them unset.
+
+        Only for fields whose "decide for me" value is filled in after
+        construction (so it differs from the declared default); resolution uses
+        it to tell a user's choice from a filled-in default.
+        """
+        return {}
+
     def copy(self: _S) -> _S:
         """An independent deep copy."""
         return copy.deepcopy(self)

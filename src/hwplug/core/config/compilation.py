@@ -257,6 +257,14 @@ class CompilationConfig(ConfigSection):
             )
         return enabled
 
+    def unset_values(self) -> dict[str, Any]:
+        filled: dict[str, Any] = {}
+        if _common.torch_version_at_least("2.6"):
+            filled["enable_auto_functionalized_v2"] = False
+        for name in self.inductor_passes:
+            filled[name] = self.inductor_compile_config.get(name)
+        return {"inductor_compile_config": filled}
+
     def __post_init__(self) -> None:
         # Custom passes rely on auto-functionalization v1 (v2 is on by default since 2.6).
         if _common.torch_version_at_least("2.6"):

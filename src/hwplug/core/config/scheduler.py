@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 from pydantic.dataclasses import dataclass
 
@@ -34,6 +35,9 @@ class SchedulerConfig(ConfigSection):
     def __post_init__(self) -> None:
         if not self.cuda_graph_sizes:
             self.cuda_graph_sizes = [self.default_graph_size()]
+
+    def unset_values(self) -> dict[str, Any]:
+        return {"cuda_graph_sizes": [self.default_graph_size()]}
 
     def default_graph_size(self) -> int:
         """The single capture-size bound used when none is given."""
