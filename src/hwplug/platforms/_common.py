@@ -15,14 +15,16 @@ import re
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from hwplug.core.platform import DeviceCapability
+from hwplug.core.dtypes import canonical_dtype
+from hwplug.core.platform import DeviceCapability, DeviceInfo, Platform
 
 if TYPE_CHECKING:
-    from hwplug.core.platform import Platform
+    from hwplug.core.config import EngineConfig
     from hwplug.core.resolve import ChangeLog
 
 __all__ = [
     "FP8_CACHE_DTYPES",
+    "BuiltinPlatform",
     "QueryCache",
     "cache_dtype_message",
     "cache_dtype_problem_for",
@@ -233,3 +235,52 @@ def torch_cuda_query(what: str, query: Callable[[Any], T]) -> T | None:
         return query(torch.cuda)
 
     return query_quietly(f"torch.cuda {what}", run)
+
+
+class BuiltinPlatform(Platform):
+    """What the built-in platforms share beyond :class:`Platform`.
+
+    Profiles come from :mod:`hwplug.platforms.profiles`; a subclass says why
+    its device cannot store a cache dtype (:meth:`_cache_dtype_obstacle`) or
+    run bfloat16 models (:meth:`_bf16_obstacle`), and the messages, the
+    supported lists and the suggestions are built here once.
+    """
+
+    def __init__(
+        self,
+        devices: Iterable[DeviceInfo] = (),
+        *,
+        simulated: bool = False,
+        profile: str | None = None,
+    ) -> None:
+        super().__init__(devices, simulated=simulated, profile=profile)
+        self._queried = QueryCache()
+
+    @classmethod
+    def profiles(cls) -> dict[str, DeviceInfo]:
+        from hwplug.platforms.profiles import PROFILES
+
+        return dict(PROFILES[cls.name])
+
+    def _cache_dtype_obstacle(self, cache_dtype: str) -> str | None:
+        """Why this device cannot store ``cache_dtype`` (None: nothing specific)."""
+        return None
+
+    def cache_dtype_problem(self, cache_dtype: str, config: EngineConfig | None) -> str | None:
+        return cache_dtype_problem_for(self, cache_dtype, self._cache_dtype_obstacle)
+
+    def _bf16_obstacle(self) -> str | None:
+        """Why this device cannot run bfloat16 models (None: it can)."""
+        return None
+
+    def supported_model_dtypes(self) -> tuple[str, ...]:
+        if self._bf16_obstacle() is None:
+            return self.model_dtypes
+        return tuple(d for d in self.model_dtypes if d != "bfloat16")
+
+    def model_dtype_problem(self, dtype: str, config: EngineConfig | None) -> str | None:
+        if canonical_dtype(dtype) == "bfloat16":
+            why = self._bf16_obstacle()
+            if why is not None:
+                return model_dtype_message(self, dtype, why, ["float16"])
+        return super().model_dtype_problem(dtype, config)

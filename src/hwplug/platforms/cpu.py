@@ -16,7 +16,7 @@ from hwplug.core.errors import ConfigError
 from hwplug.core.hookspecs import hookimpl
 from hwplug.core.platform import DeviceInfo, GiB, Platform, canonical_dtype
 from hwplug.platforms._common import (
-    cache_dtype_problem_for,
+    BuiltinPlatform,
     fill_unset,
     is_fp8_cache,
     model_dtype_message,
@@ -32,7 +32,7 @@ KVCACHE_SPACE_ENV = "HWPLUG_CPU_KVCACHE_SPACE"
 """Environment variable: the CPU KV-cache space in GiB (a positive number)."""
 
 
-class CpuPlatform(Platform):
+class CpuPlatform(BuiltinPlatform):
     """The host CPU (gloo, ``CPU_VISIBLE_MEMORY_NODES``); IPEX unlocks more."""
 
     name = "cpu"
@@ -80,12 +80,6 @@ class CpuPlatform(Platform):
 
         return [probe_cpu()]
 
-    @classmethod
-    def profiles(cls) -> dict[str, DeviceInfo]:
-        from hwplug.platforms.profiles import PROFILES
-
-        return dict(PROFILES[cls.name])
-
     def has_ipex(self) -> bool:
         """Whether intel_extension_for_pytorch is importable (or the profile says so)."""
         return self.has_feature(self.ipex_feature)
@@ -114,7 +108,7 @@ class CpuPlatform(Platform):
 
         With an fp8 cache, prefix caching and chunked prefill must be off.
         """
-        problem = cache_dtype_problem_for(self, cache_dtype, self._cache_dtype_obstacle)
+        problem = super().cache_dtype_problem(cache_dtype, config)
         if problem is not None or config is None or not is_fp8_cache(cache_dtype):
             return problem
         for path, value in (

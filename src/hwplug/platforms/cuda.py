@@ -9,15 +9,13 @@ then to ``torch.cuda``, which initialises CUDA in the calling process.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 from hwplug.core.hookspecs import hookimpl
-from hwplug.core.platform import DeviceCapability, DeviceInfo, Platform, canonical_dtype
+from hwplug.core.platform import DeviceCapability, DeviceInfo, Platform
 from hwplug.platforms._common import (
-    QueryCache,
-    cache_dtype_problem_for,
-    model_dtype_message,
+    BuiltinPlatform,
     query_quietly,
     torch_cuda_query,
 )
@@ -31,7 +29,7 @@ __all__ = ["CudaPlatform", "hwplug_platforms"]
 T = TypeVar("T")
 
 
-class CudaPlatform(Platform):
+class CudaPlatform(BuiltinPlatform):
     """NVIDIA GPUs (CUDA graphs, NCCL, ``CUDA_VISIBLE_DEVICES``)."""
 
     name = "cuda"
@@ -73,16 +71,6 @@ class CudaPlatform(Platform):
     max_compilation_level = 3
     representative_profile = "h100"
 
-    def __init__(
-        self,
-        devices: Iterable[DeviceInfo] = (),
-        *,
-        simulated: bool = False,
-        profile: str | None = None,
-    ) -> None:
-        super().__init__(devices, simulated=simulated, profile=profile)
-        self._queried = QueryCache()
-
     # -- discovery -----------------------------------------------------------
     @classmethod
     def detect(cls) -> list[DeviceInfo]:
@@ -90,12 +78,6 @@ class CudaPlatform(Platform):
         from hwplug.platforms.probes import probe_nvidia
 
         return list(probe_nvidia())
-
-    @classmethod
-    def profiles(cls) -> dict[str, DeviceInfo]:
-        from hwplug.platforms.profiles import PROFILES
-
-        return dict(PROFILES[cls.name])
 
     # -- device queries ---------------------------------------------------------
     def _detected(self, i: int) -> DeviceInfo | None:
@@ -229,9 +211,6 @@ class CudaPlatform(Platform):
         what = f"fp8 (= {self.fp8_format})" if cache_dtype == "fp8" else cache_dtype
         return f"{what} needs compute capability >= {need}, this GPU has {cap}"
 
-    def cache_dtype_problem(self, cache_dtype: str, config: EngineConfig | None) -> str | None:
-        return cache_dtype_problem_for(self, cache_dtype, self._cache_dtype_obstacle)
-
     def check_and_update_config(self, config: EngineConfig, changes: ChangeLog) -> None:
         """Block size: 16, or the MLA kernels' size for MLA models."""
         if config.cache.block_size is None and config.model.use_mla:
@@ -244,23 +223,13 @@ class CudaPlatform(Platform):
         super().check_and_update_config(config, changes)
 
     # -- model dtypes -----------------------------------------------------------------
-    def supported_model_dtypes(self) -> tuple[str, ...]:
-        """bfloat16, float16, float32; no bfloat16 below compute capability 8.0."""
+    def _bf16_obstacle(self) -> str | None:
         cap = self._capability()
-        if cap is not None and cap < self.bf16_min_capability:
-            return tuple(d for d in self.model_dtypes if d != "bfloat16")
-        return self.model_dtypes
-
-    def model_dtype_problem(self, dtype: str, config: EngineConfig | None) -> str | None:
-        if canonical_dtype(dtype) == "bfloat16" and not self.supports_dtype("bfloat16"):
-            return model_dtype_message(
-                self,
-                dtype,
-                f"bfloat16 needs compute capability >= {self.bf16_min_capability}, "
-                f"this GPU has {self._capability()}",
-                ["float16"],
-            )
-        return super().model_dtype_problem(dtype, config)
+        if cap is None or cap >= self.bf16_min_capability:
+            return None
+        return (
+            f"bfloat16 needs compute capability >= {self.bf16_min_capability}, this GPU has {cap}"
+        )
 
     # -- graphs ----------------------------------------------------------------------
     def graph_wrapper_cls(self) -> type | None:

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, ClassVar
 from hwplug.core.hookspecs import hookimpl
 from hwplug.core.platform import DeviceInfo, Platform
 from hwplug.platforms._common import (
-    cache_dtype_problem_for,
+    BuiltinPlatform,
     fill_unset,
     is_fp8_cache,
     model_dtype_message,
@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 __all__ = ["HpuPlatform", "hwplug_platforms"]
 
 
-class HpuPlatform(Platform):
+class HpuPlatform(BuiltinPlatform):
     """Intel Gaudi (HPU graphs, HCCL, ``HABANA_VISIBLE_MODULES``)."""
 
     name = "hpu"
@@ -69,12 +69,6 @@ class HpuPlatform(Platform):
 
         return list(probe_habana())
 
-    @classmethod
-    def profiles(cls) -> dict[str, DeviceInfo]:
-        from hwplug.platforms.profiles import PROFILES
-
-        return dict(PROFILES[cls.name])
-
     # -- KV cache ------------------------------------------------------------------
     def _cache_dtype_obstacle(self, cache_dtype: str) -> str | None:
         if cache_dtype == "fp8_inc":
@@ -87,9 +81,6 @@ class HpuPlatform(Platform):
                 "format, on Gaudi2 and later"
             )
         return None
-
-    def cache_dtype_problem(self, cache_dtype: str, config: EngineConfig | None) -> str | None:
-        return cache_dtype_problem_for(self, cache_dtype, self._cache_dtype_obstacle)
 
     # -- model dtypes -----------------------------------------------------------------
     def model_dtype_problem(self, dtype: str, config: EngineConfig | None) -> str | None:

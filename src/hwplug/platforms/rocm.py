@@ -8,31 +8,29 @@ then to what detection found, and only then to ``torch.cuda``.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 from hwplug.core.hookspecs import hookimpl
-from hwplug.core.platform import DeviceCapability, DeviceInfo, Platform, canonical_dtype
+from hwplug.core.platform import DeviceCapability, DeviceInfo, Platform
 from hwplug.platforms._common import (
-    QueryCache,
-    cache_dtype_problem_for,
+    BuiltinPlatform,
     gfx_arch_name,
     gfx_capability,
     gfx_version,
-    model_dtype_message,
     query_quietly,
     torch_cuda_query,
 )
 
 if TYPE_CHECKING:
-    from hwplug.core.config import EngineConfig, ModelConfig
+    from hwplug.core.config import ModelConfig
 
 __all__ = ["RocmPlatform", "hwplug_platforms"]
 
 T = TypeVar("T")
 
 
-class RocmPlatform(Platform):
+class RocmPlatform(BuiltinPlatform):
     """AMD Instinct and Radeon GPUs (HIP graphs, RCCL, ``HIP_VISIBLE_DEVICES``)."""
 
     name = "rocm"
@@ -68,16 +66,6 @@ class RocmPlatform(Platform):
     max_compilation_level = 3
     representative_profile = "mi300x"
 
-    def __init__(
-        self,
-        devices: Iterable[DeviceInfo] = (),
-        *,
-        simulated: bool = False,
-        profile: str | None = None,
-    ) -> None:
-        super().__init__(devices, simulated=simulated, profile=profile)
-        self._queried = QueryCache()
-
     # -- discovery -----------------------------------------------------------
     @classmethod
     def detect(cls) -> list[DeviceInfo]:
@@ -85,12 +73,6 @@ class RocmPlatform(Platform):
         from hwplug.platforms.probes import probe_amd
 
         return list(probe_amd())
-
-    @classmethod
-    def profiles(cls) -> dict[str, DeviceInfo]:
-        from hwplug.platforms.profiles import PROFILES
-
-        return dict(PROFILES[cls.name])
 
     # -- the ISA generation ------------------------------------------------------
     def device_arch(self, i: int = 0) -> str | None:
@@ -268,27 +250,12 @@ class RocmPlatform(Platform):
             return f"bfloat16 needs gfx90a or later, this GPU is {arch}"
         return None
 
-    def cache_dtype_problem(self, cache_dtype: str, config: EngineConfig | None) -> str | None:
-        return cache_dtype_problem_for(self, cache_dtype, self._cache_dtype_obstacle)
-
     # -- model dtypes -----------------------------------------------------------------
-    def supported_model_dtypes(self) -> tuple[str, ...]:
-        """bfloat16 (gfx90a and later), float16, float32."""
+    def _bf16_obstacle(self) -> str | None:
         if self._has_bf16():
-            return self.model_dtypes
-        return tuple(d for d in self.model_dtypes if d != "bfloat16")
+            return None
+        return f"bfloat16 needs gfx90a or later, this GPU is {self.device_arch(0)}"
 
-    def model_dtype_problem(self, dtype: str, config: EngineConfig | None) -> str | None:
-        if canonical_dtype(dtype) == "bfloat16" and not self._has_bf16():
-            return model_dtype_message(
-                self,
-                dtype,
-                f"bfloat16 needs gfx90a or later, this GPU is {self.device_arch(0)}",
-                ["float16"],
-            )
-        return super().model_dtype_problem(dtype, config)
-
-    # -- graphs ----------------------------------------------------------------------
     def graph_wrapper_cls(self) -> type | None:
         """The CUDA-graph wrapper: HIP graphs through the ``torch.cuda`` API."""
         from hwplug.platforms.graph_backends import CUDAGraphWrapper

@@ -13,10 +13,9 @@ from typing import TYPE_CHECKING, ClassVar
 
 from hwplug.core.errors import ConfigError
 from hwplug.core.hookspecs import hookimpl
-from hwplug.core.platform import DeviceInfo, Platform, canonical_dtype
+from hwplug.core.platform import DeviceInfo, Platform
 from hwplug.platforms._common import (
-    cache_dtype_problem_for,
-    model_dtype_message,
+    BuiltinPlatform,
     torch_version,
 )
 
@@ -36,7 +35,7 @@ def xpu_dist_backend() -> str:
     return "xccl" if version is not None and version >= (2, 8) else "ccl"
 
 
-class XpuPlatform(Platform):
+class XpuPlatform(BuiltinPlatform):
     """Intel discrete GPUs (xccl/ccl, ``ZE_AFFINITY_MASK``)."""
 
     name = "xpu"
@@ -75,12 +74,6 @@ class XpuPlatform(Platform):
 
         return list(probe_intel_gpu())
 
-    @classmethod
-    def profiles(cls) -> dict[str, DeviceInfo]:
-        from hwplug.platforms.profiles import PROFILES
-
-        return dict(PROFILES[cls.name])
-
     def device_id_to_physical_device_id(self, device_id: int) -> int:
         """As the base, but a ``ZE_AFFINITY_MASK`` tile entry ``N.M`` maps to card ``N``."""
         try:
@@ -104,22 +97,9 @@ class XpuPlatform(Platform):
             return "Arc A-series GPUs have no bfloat16"
         return None
 
-    def cache_dtype_problem(self, cache_dtype: str, config: EngineConfig | None) -> str | None:
-        return cache_dtype_problem_for(self, cache_dtype, self._cache_dtype_obstacle)
-
     # -- model dtypes -----------------------------------------------------------------
-    def supported_model_dtypes(self) -> tuple[str, ...]:
-        """bfloat16 (not on Arc A-series), float16, float32."""
-        if self._has_bf16():
-            return self.model_dtypes
-        return tuple(d for d in self.model_dtypes if d != "bfloat16")
-
-    def model_dtype_problem(self, dtype: str, config: EngineConfig | None) -> str | None:
-        if canonical_dtype(dtype) == "bfloat16" and not self._has_bf16():
-            return model_dtype_message(
-                self, dtype, "Arc A-series GPUs have no bfloat16", ["float16"]
-            )
-        return super().model_dtype_problem(dtype, config)
+    def _bf16_obstacle(self) -> str | None:
+        return None if self._has_bf16() else "Arc A-series GPUs have no bfloat16"
 
     # -- configuration ----------------------------------------------------------------
     def check_and_update_config(self, config: EngineConfig, changes: ChangeLog) -> None:
