@@ -360,6 +360,7 @@ def test_capability_unknown_means_no_capability_rule_applies(monkeypatch) -> Non
     # A real GPU whose capability nothing can tell (no NVML, no CUDA runtime).
     monkeypatch.setitem(sys.modules, "pynvml", None)
     monkeypatch.setattr("hwplug.platforms.cuda.torch_cuda_query", lambda what, query: None)
+    monkeypatch.setattr("hwplug.platforms._common.torch_cuda_query", lambda what, query: None)
     plat = CudaPlatform([DeviceInfo("NVIDIA GPU [10de:ffff]", 0)])
     assert plat.supported_cache_dtypes() == CudaPlatform.cache_dtypes
     assert plat.supported_model_dtypes() == ("bfloat16", "float16", "float32")

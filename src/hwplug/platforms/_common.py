@@ -262,6 +262,37 @@ class BuiltinPlatform(Platform):
 
         return dict(PROFILES[cls.name])
 
+    # -- device queries on real hardware ---------------------------------------------
+    def _vendor_query(self, i: int, what: str, query: Callable[[Any, Any], T]) -> T | None:
+        """Run ``query(library, handle)`` on device ``i`` with the vendor's management
+        library (NVML, amdsmi); None where there is none or it fails."""
+        return None
+
+    def _live_query(
+        self,
+        what: str,
+        i: int,
+        *,
+        vendor: Callable[[Any, Any], T | None],
+        detected: Callable[[DeviceInfo], T | None],
+        torch_cuda: Callable[[Any], T | None],
+    ) -> T | None:
+        """Ask the vendor library, then the detected :class:`DeviceInfo`, then
+        ``torch.cuda`` (which initialises the device runtime) about device ``i``.
+
+        Answers are cached per device; an empty answer counts as none.
+        """
+
+        def query() -> T | None:
+            value = self._vendor_query(i, what, vendor)
+            if not value and 0 <= i < len(self.devices):
+                value = detected(self.devices[i])
+            if not value:
+                value = torch_cuda_query(what, torch_cuda)
+            return value or None
+
+        return self._queried.get(what, i, query)
+
     def _cache_dtype_obstacle(self, cache_dtype: str) -> str | None:
         """Why this device cannot store ``cache_dtype`` (None: nothing specific)."""
         return None

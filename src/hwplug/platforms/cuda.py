@@ -80,9 +80,6 @@ class CudaPlatform(BuiltinPlatform):
         return list(probe_nvidia())
 
     # -- device queries ---------------------------------------------------------
-    def _detected(self, i: int) -> DeviceInfo | None:
-        return self.devices[i] if 0 <= i < len(self.devices) else None
-
     def _nvml_target(self, i: int) -> int | str:
         """The NVML index of logical device ``i``, or the UUID the visibility variable gives."""
         try:
@@ -91,7 +88,7 @@ class CudaPlatform(BuiltinPlatform):
             entries = os.environ.get(self.device_control_env_var, "").split(",")
             return entries[i].strip()
 
-    def _nvml(self, i: int, what: str, query: Callable[[Any, Any], T]) -> T | None:
+    def _vendor_query(self, i: int, what: str, query: Callable[[Any, Any], T]) -> T | None:
         """Run ``query(pynvml, handle)`` for device ``i`` inside nvmlInit/nvmlShutdown."""
         try:
             import pynvml
@@ -120,58 +117,38 @@ class CudaPlatform(BuiltinPlatform):
         """
         if self.simulated:
             return super().get_device_capability(i)
-
-        def query() -> DeviceCapability | None:
-            cap = self._nvml(
-                i,
-                "compute capability",
-                lambda nv, h: DeviceCapability(*nv.nvmlDeviceGetCudaComputeCapability(h)),
-            )
-            detected = self._detected(i)
-            if cap is None and detected is not None:
-                cap = detected.capability
-            if cap is None:
-                cap = torch_cuda_query(
-                    "capability", lambda tc: DeviceCapability(*tc.get_device_capability(i))
-                )
-            return cap
-
-        return self._queried.get("capability", i, query)
+        return self._live_query(
+            "capability",
+            i,
+            vendor=lambda nv, h: DeviceCapability(*nv.nvmlDeviceGetCudaComputeCapability(h)),
+            detected=lambda d: d.capability,
+            torch_cuda=lambda tc: DeviceCapability(*tc.get_device_capability(i)),
+        )
 
     def get_device_name(self, i: int = 0) -> str:
         """Marketing name of device ``i`` (NVML, detection, then ``torch.cuda``)."""
         if self.simulated:
             return super().get_device_name(i)
-
-        def query() -> str | None:
-            name = self._nvml(i, "name", lambda nv, h: _text(nv.nvmlDeviceGetName(h)))
-            detected = self._detected(i)
-            if name is None and detected is not None and detected.name:
-                name = detected.name
-            if name is None:
-                name = torch_cuda_query("name", lambda tc: str(tc.get_device_name(i)))
-            return name
-
-        name = self._queried.get("name", i, query)
+        name = self._live_query(
+            "name",
+            i,
+            vendor=lambda nv, h: _text(nv.nvmlDeviceGetName(h)),
+            detected=lambda d: d.name,
+            torch_cuda=lambda tc: str(tc.get_device_name(i)),
+        )
         return name if name is not None else super().get_device_name(i)
 
     def get_device_total_memory(self, i: int = 0) -> int:
         """Total memory of device ``i`` in bytes (NVML, detection, then ``torch.cuda``)."""
         if self.simulated:
             return super().get_device_total_memory(i)
-
-        def query() -> int | None:
-            total = self._nvml(i, "memory", lambda nv, h: int(nv.nvmlDeviceGetMemoryInfo(h).total))
-            detected = self._detected(i)
-            if total is None and detected is not None and detected.total_memory:
-                total = detected.total_memory
-            if total is None:
-                total = torch_cuda_query(
-                    "memory", lambda tc: int(tc.get_device_properties(i).total_memory)
-                )
-            return total
-
-        total = self._queried.get("memory", i, query)
+        total = self._live_query(
+            "memory",
+            i,
+            vendor=lambda nv, h: int(nv.nvmlDeviceGetMemoryInfo(h).total),
+            detected=lambda d: d.total_memory,
+            torch_cuda=lambda tc: int(tc.get_device_properties(i).total_memory),
+        )
         return total if total is not None else 0
 
     def get_current_memory_usage(self, i: int = 0) -> int:
@@ -181,7 +158,9 @@ class CudaPlatform(BuiltinPlatform):
         """
         if self.simulated:
             return super().get_current_memory_usage(i)
-        used = self._nvml(i, "memory usage", lambda nv, h: int(nv.nvmlDeviceGetMemoryInfo(h).used))
+        used = self._vendor_query(
+            i, "memory usage", lambda nv, h: int(nv.nvmlDeviceGetMemoryInfo(h).used)
+        )
         if used is None:
             used = torch_cuda_query("memory usage", lambda tc: int(tc.memory_allocated(i)))
         return used if used is not None else 0

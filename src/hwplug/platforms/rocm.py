@@ -81,14 +81,14 @@ class RocmPlatform(BuiltinPlatform):
         Detection (or the profile) records it; on real hardware without it,
         amdsmi is asked, then ``torch.cuda`` (which initialises HIP).
         """
-        detected = self._detected(i)
+        detected = self.devices[i] if 0 <= i < len(self.devices) else None
         if detected is not None and detected.arch:
             return detected.arch
         if self.simulated:
             return None
 
         def query() -> str | None:
-            arch = self._amdsmi(
+            arch = self._vendor_query(
                 i,
                 "arch",
                 lambda smi, h: gfx_arch_name(
@@ -121,10 +121,7 @@ class RocmPlatform(BuiltinPlatform):
         return self._arch_is(self.fnuz_archs)
 
     # -- device queries ---------------------------------------------------------
-    def _detected(self, i: int) -> DeviceInfo | None:
-        return self.devices[i] if 0 <= i < len(self.devices) else None
-
-    def _amdsmi(self, i: int, what: str, query: Callable[[Any, Any], T]) -> T | None:
+    def _vendor_query(self, i: int, what: str, query: Callable[[Any, Any], T]) -> T | None:
         """Run ``query(amdsmi, handle)`` for device ``i`` inside amdsmi_init/amdsmi_shut_down."""
         try:
             import amdsmi
@@ -151,65 +148,42 @@ class RocmPlatform(BuiltinPlatform):
             cap = super().get_device_capability(i)
             return cap if cap is not None else gfx_capability(self.device_arch(i))
 
-        def query() -> DeviceCapability | None:
-            cap = self._amdsmi(
-                i,
-                "arch",
-                lambda smi, h: gfx_capability(
-                    gfx_arch_name(smi.amdsmi_get_gpu_asic_info(h).get("target_graphics_version"))
-                ),
-            )
-            detected = self._detected(i)
-            if cap is None and detected is not None:
-                cap = detected.capability or gfx_capability(detected.arch)
-            if cap is None:
-                cap = torch_cuda_query(
-                    "capability", lambda tc: DeviceCapability(*tc.get_device_capability(i))
-                )
-            return cap
-
-        return self._queried.get("capability", i, query)
+        return self._live_query(
+            "capability",
+            i,
+            vendor=lambda smi, h: gfx_capability(
+                gfx_arch_name(smi.amdsmi_get_gpu_asic_info(h).get("target_graphics_version"))
+            ),
+            detected=lambda d: d.capability or gfx_capability(d.arch),
+            torch_cuda=lambda tc: DeviceCapability(*tc.get_device_capability(i)),
+        )
 
     def get_device_name(self, i: int = 0) -> str:
         """Marketing name of device ``i`` (amdsmi, detection, then ``torch.cuda``)."""
         if self.simulated:
             return super().get_device_name(i)
-
-        def query() -> str | None:
-            name = self._amdsmi(
-                i, "name", lambda smi, h: smi.amdsmi_get_gpu_asic_info(h)["market_name"]
-            )
-            detected = self._detected(i)
-            if not name and detected is not None and detected.name:
-                name = detected.name
-            if not name:
-                name = torch_cuda_query("name", lambda tc: tc.get_device_name(i))
-            return str(name) if name else None
-
-        name = self._queried.get("name", i, query)
+        name = self._live_query(
+            "name",
+            i,
+            vendor=lambda smi, h: str(smi.amdsmi_get_gpu_asic_info(h)["market_name"]),
+            detected=lambda d: d.name,
+            torch_cuda=lambda tc: str(tc.get_device_name(i)),
+        )
         return name if name is not None else super().get_device_name(i)
 
     def get_device_total_memory(self, i: int = 0) -> int:
         """Total VRAM of device ``i`` in bytes (amdsmi, detection, then ``torch.cuda``)."""
         if self.simulated:
             return super().get_device_total_memory(i)
-
-        def query() -> int | None:
-            total = self._amdsmi(
-                i,
-                "memory",
-                lambda smi, h: int(smi.amdsmi_get_gpu_memory_total(h, smi.AmdSmiMemoryType.VRAM)),
-            )
-            detected = self._detected(i)
-            if total is None and detected is not None and detected.total_memory:
-                total = detected.total_memory
-            if total is None:
-                total = torch_cuda_query(
-                    "memory", lambda tc: int(tc.get_device_properties(i).total_memory)
-                )
-            return total
-
-        total = self._queried.get("memory", i, query)
+        total = self._live_query(
+            "memory",
+            i,
+            vendor=lambda smi, h: int(
+                smi.amdsmi_get_gpu_memory_total(h, smi.AmdSmiMemoryType.VRAM)
+            ),
+            detected=lambda d: d.total_memory,
+            torch_cuda=lambda tc: int(tc.get_device_properties(i).total_memory),
+        )
         return total if total is not None else 0
 
     def get_current_memory_usage(self, i: int = 0) -> int:
@@ -219,7 +193,7 @@ class RocmPlatform(BuiltinPlatform):
         """
         if self.simulated:
             return super().get_current_memory_usage(i)
-        used = self._amdsmi(
+        used = self._vendor_query(
             i,
             "memory usage",
             lambda smi, h: int(smi.amdsmi_get_gpu_memory_usage(h, smi.AmdSmiMemoryType.VRAM)),
