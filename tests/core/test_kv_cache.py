@@ -199,10 +199,12 @@ def test_from_config_for_mla_models_is_not_split() -> None:
     assert spec.page_size_bytes == 64 * 576 * 2  # bfloat16: the model dtype on an H100
 
 
-def test_from_config_needs_a_block_size() -> None:
+def test_from_config_of_an_unresolved_config_takes_the_platform_default_block() -> None:
     config = EngineConfig()
-    with pytest.raises(ConfigError, match=r"cache.block_size is not set: resolve the config first"):
-        KVCacheSpec.from_config(config, CudaPlatform.simulate("h100"))
+    assert KVCacheSpec.from_config(config, CudaPlatform.simulate("h100")).block_size == 16
+    mla = engine(model={"use_mla": True})
+    assert KVCacheSpec.from_config(mla, CudaPlatform.simulate("h100")).block_size == 64
+    assert KVCacheSpec.from_config(mla, CudaPlatform.simulate("b200")).block_size == 128
 
 
 def test_from_config_of_an_attention_free_model() -> None:

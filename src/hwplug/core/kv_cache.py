@@ -264,16 +264,16 @@ class KVCacheSpec:
         ``kv_lora_rank + qk_rope_head_dim`` per token, not split by tensor
         parallelism.
 
-        :raises ConfigError: ``cache.block_size`` is unset (resolve the config
-            first), the model has no attention, or the cache dtype cannot be mapped.
+        An unresolved config (``cache.block_size`` unset) takes the
+        platform's default block size, as :func:`hwplug.resolve` would.
+
+        :raises ConfigError: the model has no attention, or the cache dtype
+            cannot be mapped.
         """
         model, cache, parallel = config.model, config.cache, config.parallel
-        if cache.block_size is None:
-            raise ConfigError(
-                "cache.block_size is not set: resolve the config first "
-                "(hwplug.resolve(config) fills in the platform's default) or set "
-                "cache.block_size"
-            )
+        block_size = cache.block_size
+        if block_size is None:
+            block_size = platform.default_block_size(config)
         if model.is_attention_free or cache.is_attention_free:
             raise ConfigError(
                 "model.is_attention_free=True: an attention-free model has no KV cache"
@@ -290,7 +290,7 @@ class KVCacheSpec:
             num_layers=num_layers,
             num_kv_heads=heads,
             head_size=head_size,
-            block_size=cache.block_size,
+            block_size=block_size,
             dtype=dtype,
             use_mla=model.use_mla,
             sliding_window=window,
@@ -313,8 +313,7 @@ def num_blocks(config: EngineConfig, platform: Platform, used_bytes: int = 0) ->
     :attr:`KVCacheSpec.bytes_per_block`. An attention-free model needs no blocks: 0.
 
     :raises ConfigError: the budget cannot hold one ``model.max_model_len``
-        sequence (the message gives both sizes in GiB and bytes), or
-        ``cache.block_size`` is unset.
+        sequence (the message gives both sizes in GiB and bytes).
     :raises ValueError: ``used_bytes`` is not a non-negative integer.
     """
     cache = config.cache
