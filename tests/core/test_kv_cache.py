@@ -202,7 +202,7 @@ def test_from_config_for_mla_models_is_not_split() -> None:
 def test_from_config_of_an_unresolved_config_takes_the_platform_default_block() -> None:
     config = EngineConfig()
     assert KVCacheSpec.from_config(config, CudaPlatform.simulate("h100")).block_size == 16
-    mla = engine(model={"use_mla": True})
+    mla = EngineConfig(model=ModelConfig(use_mla=True))
     assert KVCacheSpec.from_config(mla, CudaPlatform.simulate("h100")).block_size == 64
     assert KVCacheSpec.from_config(mla, CudaPlatform.simulate("b200")).block_size == 128
 
