@@ -115,3 +115,22 @@ def test_reset_forgets_the_selection(monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.delenv("HWPLUG_SIMULATE")
         manager.reset()
     assert hwplug.current_platform.name == first.name
+
+
+def test_decorated_function_running_in_many_threads_restores_cleanly() -> None:
+    barrier = threading.Barrier(8)
+    names: list[str] = []
+
+    @hwplug.use_platform("h100")
+    def work() -> None:
+        barrier.wait()
+        names.append(hwplug.current_platform.name)
+
+    threads = [threading.Thread(target=work) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert names == ["cuda"] * 8
+    assert hwplug.current_platform.name == "cpu"
+    assert manager._overrides == []

@@ -628,7 +628,8 @@ class use_platform(contextlib.ContextDecorator):
                 f"profile, got {type(target).__name__}"
             )
         self.target = target
-        self._pushed: list[Platform] = []
+        # Per thread: a decorated function may run in several threads at once.
+        self._local = threading.local()
 
     def _platform(self) -> Platform:
         target = self.target
@@ -648,8 +649,14 @@ class use_platform(contextlib.ContextDecorator):
         platform = self._platform()
         with _lock:
             _overrides.append(platform)
-        self._pushed.append(platform)
+        self._stack().append(platform)
         return platform
+
+    def _stack(self) -> list[Platform]:
+        stack: list[Platform] | None = getattr(self._local, "stack", None)
+        if stack is None:
+            stack = self._local.stack = []
+        return stack
 
     def __exit__(
         self,
@@ -657,7 +664,7 @@ class use_platform(contextlib.ContextDecorator):
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        platform = self._pushed.pop()
+        platform = self._stack().pop()
         with _lock:
             # Remove this block's entry even if blocks exit out of order (threads).
             for i in range(len(_overrides) - 1, -1, -1):
