@@ -19,6 +19,7 @@ from hwplug.platforms._common import (
     query_quietly,
     torch_cuda_query,
 )
+from hwplug.platforms.probes import library_text
 
 if TYPE_CHECKING:
     from hwplug.core.config import EngineConfig, ModelConfig
@@ -132,7 +133,7 @@ class CudaPlatform(BuiltinPlatform):
         name = self._live_query(
             "name",
             i,
-            vendor=lambda nv, h: _text(nv.nvmlDeviceGetName(h)),
+            vendor=lambda nv, h: library_text(nv.nvmlDeviceGetName(h)),
             detected=lambda d: d.name,
             torch_cuda=lambda tc: str(tc.get_device_name(i)),
         )
@@ -216,11 +217,6 @@ class CudaPlatform(BuiltinPlatform):
         from hwplug.platforms.graph_backends import CUDAGraphWrapper
 
         return CUDAGraphWrapper
-
-
-def _text(value: str | bytes) -> str:
-    """Older pynvml releases return bytes."""
-    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 @hookimpl

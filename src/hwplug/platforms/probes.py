@@ -369,7 +369,8 @@ class _Found:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-def _text(value: object) -> str:
+def library_text(value: object) -> str:
+    """A string from a vendor library, which may return bytes (older pynvml releases)."""
     return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
 
 
@@ -390,11 +391,11 @@ def _nvml_gpus() -> list[_Found] | None:
         found = []
         for index in range(pynvml.nvmlDeviceGetCount()):
             handle = pynvml.nvmlDeviceGetHandleByIndex(index)
-            name = _text(pynvml.nvmlDeviceGetName(handle))
+            name = library_text(pynvml.nvmlDeviceGetName(handle))
             memory = int(pynvml.nvmlDeviceGetMemoryInfo(handle).total)
             major, minor = pynvml.nvmlDeviceGetCudaComputeCapability(handle)
             try:
-                uuid: str | None = _text(pynvml.nvmlDeviceGetUUID(handle))
+                uuid: str | None = library_text(pynvml.nvmlDeviceGetUUID(handle))
             except nvml_error:
                 uuid = None
             info = DeviceInfo(
