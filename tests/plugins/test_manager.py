@@ -359,6 +359,8 @@ def test_trace_logs_every_hook_call(tmp_path: Path) -> None:
     )
     assert result.returncode == 0, result.stderr
     assert "hwplug-trace:" in result.stderr
+    assert "hwplug_platforms [plugin vendor_npu]" in result.stderr
+    assert "npu.detect() [plugin vendor_npu]" in result.stderr
     assert "hwplug_check_and_update_config" in result.stderr
     assert "hwplug_verify_config" in result.stderr
 

@@ -333,6 +333,9 @@ class HwplugPluginManager(pluggy.PluginManager):
         for impl in impls:
             plugin = impl.plugin_name
             dist = self.distribution_of(plugin) or "(unregistered)"
+            # Called per implementation so a failure is pinned on its plugin;
+            # traced by hand since this bypasses the hook caller.
+            self.trace("hwplug_platforms", f"[plugin {plugin}]")
             try:
                 result = impl.function()
             except Exception as exc:
@@ -403,6 +406,7 @@ class HwplugPluginManager(pluggy.PluginManager):
         """Ask one platform class whether its devices are present."""
         cls = entry.cls
         try:
+            self.trace(f"{cls.name}.detect()", f"[plugin {entry.plugin}]")
             devices = cls.detect()
             if not isinstance(devices, list | tuple) or not all(
                 isinstance(d, DeviceInfo) for d in devices
