@@ -24,11 +24,9 @@ import contextlib
 import contextvars
 import copy
 import dataclasses
-import enum
 import json
 import sys
 from collections.abc import Iterator
-from pathlib import Path
 from types import CodeType
 from typing import TYPE_CHECKING, Any
 
@@ -53,23 +51,10 @@ _source: contextvars.ContextVar[str | dict[CodeType, str]] = contextvars.Context
 
 
 def _jsonable(value: Any) -> Any:
-    """A JSON-ready form of a config value (enums by name, paths as text)."""
-    if isinstance(value, enum.Enum):
-        return value.name
-    if isinstance(value, Path):
-        return str(value)
-    if isinstance(value, dict):
-        return {str(k): _jsonable(v) for k, v in value.items()}
-    if isinstance(value, list | tuple | set | frozenset):
-        items = [_jsonable(v) for v in value]
-        return sorted(items, key=repr) if isinstance(value, set | frozenset) else items
-    if value is None or isinstance(value, bool | int | float | str):
-        return value
-    if callable(value):
-        module = getattr(value, "__module__", None) or ""
-        name = getattr(value, "__qualname__", None) or type(value).__qualname__
-        return f"{module}.{name}" if module else name
-    return str(value)
+    """The config's JSON form of a value (imported late: it needs pydantic)."""
+    from hwplug.core.config._common import jsonable
+
+    return jsonable(value)
 
 
 @dataclasses.dataclass(frozen=True)
