@@ -32,7 +32,7 @@ from rich.table import Table
 from rich.text import Text
 
 from hwplug._version import __version__
-from hwplug.core.errors import ConfigError, PluginError
+from hwplug.core.errors import ConfigError, PluginError, one_line
 
 if TYPE_CHECKING:
     from hwplug.core.config import EngineConfig
@@ -65,10 +65,6 @@ class CliError(Exception):
     """A user error detected by the command line itself (exit status 2)."""
 
 
-def _one_line(text: str) -> str:
-    return " ".join(text.split())
-
-
 def _validation_message(exc: ValidationError) -> str:
     """One ``section.field: message`` line from a pydantic ``ValidationError``."""
     from hwplug.core.config import EngineConfig
@@ -85,7 +81,7 @@ def _validation_message(exc: ValidationError) -> str:
         if "input" in error and error.get("type") != "missing":
             message += f" (got {error['input']!r:.60})"
         parts.append(f"{where}: {message}")
-    return _one_line("; ".join(parts)) or _one_line(str(exc))
+    return one_line("; ".join(parts)) or one_line(str(exc))
 
 
 def _error_message(exc: BaseException) -> str | None:
@@ -96,19 +92,19 @@ def _error_message(exc: BaseException) -> str | None:
         text = exc.format_message()
         ctx = exc.ctx
         hint = f" (see '{ctx.command_path} --help')" if ctx is not None else ""
-        return _one_line(text) + hint
+        return one_line(text) + hint
     if isinstance(exc, click_exc.ClickException):
-        return _one_line(exc.format_message())
+        return one_line(exc.format_message())
     if isinstance(exc, ValidationError):
         return _validation_message(exc)
     if isinstance(exc, CliError | ConfigError | PluginError):
-        return _one_line(str(exc))
+        return one_line(str(exc))
     import yaml
 
     if isinstance(exc, yaml.YAMLError):
-        return "malformed YAML: " + _one_line(str(exc))
+        return "malformed YAML: " + one_line(str(exc))
     if isinstance(exc, ValueError):
-        return _one_line(str(exc)) or type(exc).__name__
+        return one_line(str(exc)) or type(exc).__name__
     return None
 
 
@@ -170,7 +166,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             typer.echo(f"{PROG}: error: {message}", err=True)
             return EXIT_USAGE
     for record in buffer.records:
-        typer.echo(f"{PROG}: warning: {_one_line(record.getMessage())}", err=True)
+        typer.echo(f"{PROG}: warning: {one_line(record.getMessage())}", err=True)
     return result if isinstance(result, int) else 0
 
 

@@ -30,7 +30,7 @@ from collections.abc import Iterator
 from types import CodeType
 from typing import TYPE_CHECKING, Any
 
-from hwplug.core.errors import ConfigError
+from hwplug.core.errors import ConfigError, one_line
 
 if TYPE_CHECKING:
     from hwplug.core.config import EngineConfig
@@ -189,7 +189,7 @@ class ChangeLog:
             setattr(part, name, new)
         except ValueError as exc:
             raise ConfigError(
-                f"{who} set {path} to {new!r}, which is invalid: {_one_line(exc)}"
+                f"{who} set {path} to {new!r}, which is invalid: {one_line(str(exc))}"
             ) from exc
         self.note(path, old, copy.deepcopy(getattr(part, name)), reason, who)
 
@@ -203,10 +203,6 @@ class ChangeLog:
 
 def _same(old: Any, new: Any) -> bool:
     return type(old) is type(new) and bool(old == new)
-
-
-def _one_line(exc: BaseException) -> str:
-    return " ".join(str(exc).split())
 
 
 def _current_source() -> str:
@@ -341,7 +337,7 @@ def _call_hook(hook: Any, plugin_kind: str, **kwargs: Any) -> None:
         culprit = _culprit(exc, hook)
         raise PluginError(
             f"plugin {culprit} failed in hwplug_{plugin_kind}: {type(exc).__name__}: "
-            f"{_one_line(exc)}"
+            f"{one_line(str(exc))}"
         ) from exc
 
 

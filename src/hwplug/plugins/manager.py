@@ -43,7 +43,7 @@ from typing import Any, TypeVar
 import pluggy
 
 from hwplug.core import hookspecs
-from hwplug.core.errors import ConfigError, PluginError
+from hwplug.core.errors import ConfigError, PluginError, error_line
 from hwplug.core.platform import DeviceInfo, Platform, parse_profile_spec
 
 __all__ = [
@@ -162,11 +162,6 @@ class Selection:
     reason: str
 
 
-def _one_line(exc: BaseException) -> str:
-    text = " ".join(str(exc).split())
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
-
-
 def _dist_name(ep: metadata.EntryPoint) -> tuple[str, str]:
     dist = getattr(ep, "dist", None)
     if dist is None:
@@ -220,7 +215,7 @@ class HwplugPluginManager(pluggy.PluginManager):
     # -- failures -------------------------------------------------------------
     def fail(self, plugin: str, distribution: str, stage: str, exc: BaseException | str) -> None:
         """Report a failing plugin: a warning, or a PluginError in strict mode."""
-        error = exc if isinstance(exc, str) else _one_line(exc)
+        error = exc if isinstance(exc, str) else error_line(exc)
         failure = PluginFailure(plugin, distribution, stage, error)
         self.failures.append(failure)
         if self.strict:
@@ -421,7 +416,7 @@ class HwplugPluginManager(pluggy.PluginManager):
                 cls.priority,
                 True,
                 False,
-                error=_one_line(exc),
+                error=error_line(exc),
             )
         logger.debug("detect %s: %d device(s)", cls.name, len(devices))
         return Candidate(

@@ -29,7 +29,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from hwplug.core.errors import ConfigError, PluginError
+from hwplug.core.errors import ConfigError, PluginError, error_line
 from hwplug.core.platform import Platform, parse_profile_spec
 from hwplug.plugins.manager import Candidate, HwplugPluginManager
 
@@ -133,7 +133,7 @@ class HwplugSession:
                         warnings.simplefilter("ignore")
                         self._detected[name] = self.manager.detect(entry)
                 except Exception as exc:
-                    self._detected[name] = f"detecting {name!r} failed: {_one_line(exc)}"
+                    self._detected[name] = f"detecting {name!r} failed: {error_line(exc)}"
         return self._detected[name]
 
     def header(self) -> list[str]:
@@ -146,7 +146,7 @@ class HwplugSession:
                 manager.load_entrypoints()
                 selection = manager.select()
         except Exception as exc:
-            return [f"hwplug: platform detection failed: {_one_line(exc)}"]
+            return [f"hwplug: platform detection failed: {error_line(exc)}"]
         platform = selection.platform
         lines.append(
             f"hwplug: detected platform {platform.name} ({_describe(platform)}; {selection.reason})"
@@ -162,11 +162,6 @@ def _describe(platform: Platform) -> str:
     device = platform.describe_device()
     amount = f"{count} x {device}" if count > 1 else device
     return f"simulated {platform.profile}: {amount}" if platform.simulated else amount
-
-
-def _one_line(exc: BaseException) -> str:
-    text = " ".join(str(exc).split())
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
 _SESSION = pytest.StashKey[HwplugSession]()
