@@ -134,3 +134,17 @@ def test_decorated_function_running_in_many_threads_restores_cleanly() -> None:
     assert names == ["cuda"] * 8
     assert hwplug.current_platform.name == "cpu"
     assert manager._overrides == []
+
+
+def test_representative_profile_falls_back_to_the_first_profile() -> None:
+    assert ToyPlatform.representative() == "toy-1"
+
+    class Named(ToyPlatform):
+        representative_profile = "toy-1"
+
+    class Misnamed(ToyPlatform):
+        representative_profile = "no-such-profile"
+
+    assert Named.representative() == "toy-1"
+    assert Misnamed.representative() == "toy-1"
+    assert Platform.representative() is None

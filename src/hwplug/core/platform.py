@@ -258,6 +258,14 @@ class Platform:
         return {}
 
     @classmethod
+    def representative(cls) -> str | None:
+        """The profile that stands for this platform: ``representative_profile``
+        when it names one of :meth:`profiles`, else the first; None without profiles."""
+        own = cls.profiles()
+        rep = cls.representative_profile
+        return rep if rep in own else next(iter(own), None)
+
+    @classmethod
     def simulate(cls, profile: str) -> Platform:
         """An instance of this platform on ``profile`` (``"h100"`` or ``"h100:8"``)."""
         name, count = parse_profile_spec(profile)

@@ -527,7 +527,7 @@ class HwplugPluginManager(pluggy.PluginManager):
             candidate = self.detect(entry)
             if candidate.present:
                 return entry.cls(candidate.devices)
-            profile = entry.cls.representative_profile or next(iter(entry.cls.profiles()), None)
+            profile = entry.cls.representative()
             if profile is None:
                 raise ConfigError(
                     f"platform {text!r} has no device here and no profile to simulate"
@@ -639,7 +639,7 @@ class use_platform(contextlib.ContextDecorator):
         devices = target.detect()
         if devices:
             return target(devices)
-        profile = target.representative_profile or next(iter(target.profiles()), None)
+        profile = target.representative()
         if profile is None:
             return target(())
         return target.simulate(profile)

@@ -87,9 +87,7 @@ class HwplugSession:
         if not text:
             chosen = []
             for name, entry in sorted(manager.platform_entries().items()):
-                own = entry.cls.profiles()
-                rep = entry.cls.representative_profile
-                spec = rep if rep in own else next(iter(own), None)
+                spec = entry.cls.representative()
                 if spec is not None:
                     chosen.append(_Profile(spec, name))
             return tuple(chosen)
