@@ -12,9 +12,10 @@ from typing import TYPE_CHECKING, Any
 from hwplug._version import __version__
 from hwplug.core.errors import ConfigError, PluginError
 from hwplug.core.hookspecs import HOOK_API_VERSION, hookimpl, hookspec
-from hwplug.core.resolve import Change, Resolution, resolve
+from hwplug.core.resolve import Change, Resolution
 
 if TYPE_CHECKING:
+    from hwplug.core.config import EngineConfig
     from hwplug.core.platform import Platform
     from hwplug.plugins.manager import use_platform
 
@@ -39,6 +40,42 @@ def get_platform() -> Platform:
     from hwplug.plugins.manager import get_platform as _get
 
     return _get()
+
+
+def resolve(
+    config: EngineConfig | None = None, *, platform: Platform | str | None = None
+) -> Resolution:
+    """Resolve ``config`` for ``platform`` (default: the current platform).
+
+    The caller's config is never mutated. ``platform`` may be a
+    :class:`~hwplug.core.platform.Platform`, a platform name or a profile
+    (``"h100:8"``). Every installed extension plugin's hooks take part.
+    Deterministic: same input, same output.
+
+    :raises ConfigError: the config cannot run on the platform.
+    :raises PluginError: the platform or a plugin misbehaved.
+    """
+    from hwplug.core import resolve as pipeline
+    from hwplug.core.config import EngineConfig
+    from hwplug.plugins import manager
+
+    if config is None:
+        config = EngineConfig()
+    if platform is None:
+        plat = manager.get_platform()
+    elif isinstance(platform, str):
+        plat = manager.platform_from_spec(platform)
+    else:
+        from hwplug.core.platform import Platform
+
+        if not isinstance(platform, Platform):
+            raise ConfigError(
+                "resolve(platform=...) takes a Platform, a platform name or a profile, "
+                f"got {type(platform).__name__}"
+            )
+        plat = platform
+    pm = manager.get_plugin_manager()
+    return pipeline.resolve(config, plat, pm.hook, describe=pm.describe)
 
 
 def __getattr__(name: str) -> Any:

@@ -61,7 +61,7 @@ app = typer.Typer(
 # --------------------------------------------------------------------------- errors
 
 
-class CliError(Exception):
+class CliError(ConfigError):
     """A user error detected by the command line itself (exit status 2)."""
 
 
@@ -474,10 +474,16 @@ def parse_set_option(text: str) -> tuple[list[str], Any]:
             f"--set {text!r}: {section}.{field} is a plain value, not a section of fields; "
             f"use --set {section}.{field}=VALUE"
         )
+    from hwplug.core.config._common import check_depth
+    from hwplug.core.config.engine import load_json
+
     try:
-        value = json.loads(raw)
+        value = load_json(raw)
+    except RecursionError:
+        raise CliError(f"--set {key}=...: the value is nested too deeply to read") from None
     except ValueError:
         value = raw
+    check_depth(value, key)
     return path, value
 
 
@@ -507,20 +513,25 @@ def _apply_set(data: dict[str, Any], text: str, path: list[str], value: Any) -> 
 
 
 def _load_config(config_file: Path | None, assignments: Sequence[str]) -> EngineConfig:
+    """The config of ``--config`` with the ``--set`` values on top.
+
+    The values are merged into the file's own data before anything is
+    validated, so a file plus ``--set`` gives exactly what one source holding
+    both would: only what the user wrote counts as set.
+    """
     from hwplug.core.config import EngineConfig
 
     parsed = [(text, *parse_set_option(text)) for text in assignments]
-    if config_file is None:
-        base = EngineConfig()
-        data: dict[str, Any] = {}
-    else:
-        base = EngineConfig.from_file(config_file)
-        data = base.to_dict()
-    if not parsed:
-        return base
+    data = {} if config_file is None else EngineConfig.file_data(config_file)
     for text, path, value in parsed:
         _apply_set(data, text, path, value)
-    return EngineConfig.from_dict(data)
+    try:
+        return EngineConfig.from_dict(data)
+    except ConfigError as exc:
+        if config_file is None or not parsed:
+            where = f"{config_file}: " if config_file is not None else ""
+            raise ConfigError(f"{where}{exc}") from exc
+        raise ConfigError(f"{config_file} with --set: {exc}") from exc
 
 
 def _choose_platform(platform: str | None, simulate: str | None) -> Platform | None:
@@ -592,7 +603,7 @@ def resolve(
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of tables."),
 ) -> None:
     """Resolve an engine config for a platform: the result and every change, with reasons."""
-    from hwplug.core.resolve import resolve as run_resolve
+    from hwplug import resolve as run_resolve
 
     target = _choose_platform(platform, simulate)
     engine_config = _load_config(config, assignments)

@@ -12,15 +12,12 @@ Nothing here imports torch.
 from __future__ import annotations
 
 import dataclasses
-import importlib
 from collections.abc import Iterable, Sequence
 from typing import Any
 
 from hwplug.core.platform import Platform
 from hwplug.plugins.manager import (
     BUILTIN_DISTRIBUTION,
-    BUILTIN_MODULES,
-    PLATFORMS_GROUP,
     HwplugPluginManager,
     PlatformEntry,
     get_plugin_manager,
@@ -115,19 +112,8 @@ def builtin_plugin_manager() -> HwplugPluginManager:
     Used for output that must not depend on the vendor plugins installed here
     (the documentation's support matrix).
     """
-    from hwplug import __version__
-
     manager = HwplugPluginManager(strict=True)
-    for name, module_name in BUILTIN_MODULES.items():
-        manager.register_plugin(
-            importlib.import_module(module_name),
-            name,
-            group=PLATFORMS_GROUP,
-            distribution=BUILTIN_DISTRIBUTION,
-            version=__version__,
-            value=module_name,
-            builtin=True,
-        )
+    manager.load_builtins()
     return manager
 
 
@@ -194,14 +180,17 @@ def _row(platform: Platform, entry: PlatformEntry) -> MatrixRow:
     )
 
 
+# How the built-in platforms are listed (the most used first).
+_DISPLAY_ORDER = ("cuda", "rocm", "cpu", "hpu", "xpu")
+
+
 def ordered_entries(entries: dict[str, PlatformEntry]) -> list[PlatformEntry]:
     """Platforms in display order: built-ins as cuda, rocm, cpu, hpu, xpu, then by name."""
-    builtin_order = list(BUILTIN_MODULES)
 
     def key(item: tuple[str, PlatformEntry]) -> tuple[int, int, str]:
         name, entry = item
-        if entry.distribution == BUILTIN_DISTRIBUTION and name in builtin_order:
-            return (0, builtin_order.index(name), name)
+        if entry.distribution == BUILTIN_DISTRIBUTION and name in _DISPLAY_ORDER:
+            return (0, _DISPLAY_ORDER.index(name), name)
         return (1, 0, name)
 
     return [entry for _name, entry in sorted(entries.items(), key=key)]

@@ -153,7 +153,7 @@ def test_user_capture_sizes_are_kept_sorted_and_deduplicated() -> None:
 
 
 def test_capture_sizes_respect_max_num_batched_tokens() -> None:
-    config = EngineConfig(scheduler=SchedulerConfig(max_num_batched_tokens=100))
+    config = EngineConfig(scheduler=SchedulerConfig(max_num_batched_tokens=100, max_num_seqs=64))
     sizes = hwplug.resolve(config, platform="h100").config.compilation.cudagraph_capture_sizes
     assert max(sizes) == 96
 

@@ -133,7 +133,11 @@ def test_decorated_function_running_in_many_threads_restores_cleanly() -> None:
         t.join()
     assert names == ["cuda"] * 8
     assert hwplug.current_platform.name == "cpu"
-    assert manager._overrides == []
+    seen: list[str] = []
+    fresh = threading.Thread(target=lambda: seen.append(hwplug.current_platform.name))
+    fresh.start()
+    fresh.join()
+    assert seen == ["cpu"]
 
 
 def test_representative_profile_falls_back_to_the_first_profile() -> None:

@@ -124,7 +124,8 @@ def test_hwplug_plugins_allow_list(tmp_path: Path, allow: str | None, loaded: bo
 
 
 def test_hwplug_plugins_applies_to_extension_group_too(tmp_path: Path) -> None:
-    site = install(tmp_path, "vendor-ext", "vendor_ext", "import hwplug\n", group="hwplug.plugins")
+    module = "import hwplug\n\n@hwplug.hookimpl\ndef hwplug_verify_config(config):\n    pass\n"
+    site = install(tmp_path, "vendor-ext", "vendor_ext", module, group="hwplug.plugins")
     assert "vendor_ext" in info([site])["plugins"]
     assert "vendor_ext" not in info([site], HWPLUG_PLUGINS="")["plugins"]
 

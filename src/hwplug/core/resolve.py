@@ -1,12 +1,12 @@
 """The resolution pipeline: an engine config in, a config fit for the platform out.
 
-:func:`resolve` copies the caller's :class:`~hwplug.core.config.EngineConfig`,
-fills what the user left unset from the platform's tables, lets the platform
-and every extension plugin adjust it, finalises the compilation settings and
-verifies the result. Every change is recorded as a :class:`Change` with the
-reason and who made it.
+:func:`resolve` takes its collaborators as arguments: the engine config, the
+:class:`~hwplug.core.platform.Platform` to resolve for, and the hook relay of
+the plugin manager (``pm.hook``) whose extensions may adjust the config.
+Turning a platform name into a platform and finding the plugins is the
+package face's job (:func:`hwplug.resolve`).
 
-The steps (see ``docs/concepts.md``):
+The steps (``docs/concepts.md``):
 
 1. copy, remember what the user set, mirror model fields into the cache;
 2. engine defaults from the platform (compilation level, prefix caching,
@@ -15,7 +15,13 @@ The steps (see ``docs/concepts.md``):
 4. the platform's ``check_and_update_config``, then every plugin's
    ``hwplug_check_and_update_config`` hook;
 5. finalise: splitting ops, capture sizes, warm-ups, padding table;
-6. verify: the platform, then every ``hwplug_verify_config`` hook.
+6. verify: the checks every platform shares, the platform's own, then every
+   ``hwplug_verify_config`` hook.
+
+Config changes go only through :meth:`ChangeLog.record`. After the platform's
+step and after every hook implementation the pipeline compares the config
+with what was recorded: a change made behind the change log (or any change in
+a verify step) is a :class:`~hwplug.PluginError` naming the culprit.
 """
 
 from __future__ import annotations
@@ -24,28 +30,37 @@ import contextlib
 import contextvars
 import copy
 import dataclasses
+import functools
+import inspect
 import json
-import sys
-from collections.abc import Iterator
-from types import CodeType
+import threading
+from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
-from hwplug.core.errors import ConfigError, one_line
+from hwplug.core.errors import ConfigError, PluginError, brief, error_line, one_line
 
 if TYPE_CHECKING:
     from hwplug.core.config import EngineConfig
     from hwplug.core.platform import Platform
 
-__all__ = ["Change", "ChangeLog", "Resolution", "resolve", "user_set_fields"]
+__all__ = [
+    "ENGINE",
+    "Change",
+    "ChangeLog",
+    "Resolution",
+    "explicit_mode_problem",
+    "resolve",
+    "user_set_fields",
+]
 
 ENGINE = "engine"
 """Source of the changes the pipeline makes itself."""
 
-SECTIONS = ("model", "cache", "compilation", "parallel", "scheduler")
+# Values that mean "decide for me": a field given one of them is still unset.
+_DECIDE_FOR_ME = (None, "auto")
 
-# Who is changing the config right now: a fixed source, or a map from hook
-# implementation code objects to plugin names (resolved by walking the stack).
-_source: contextvars.ContextVar[str | dict[CodeType, str]] = contextvars.ContextVar(
+# Who is changing the config right now (a plugin name, platform:<name>, engine).
+_source: contextvars.ContextVar[str] = contextvars.ContextVar(
     "hwplug_change_source", default=ENGINE
 )
 
@@ -93,38 +108,44 @@ def _short(value: Any, limit: int = 60) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def _unset_value(value: Any, default: Any) -> bool:
-    return value is None or (isinstance(value, str) and value == "auto") or value == default
-
-
-def _field_default(field: dataclasses.Field[Any]) -> Any:
-    if field.default is not dataclasses.MISSING:
-        return field.default
-    if field.default_factory is not dataclasses.MISSING:
-        return field.default_factory()
-    return dataclasses.MISSING
+def _sections(config: EngineConfig) -> dict[str, Any]:
+    return {name: getattr(config, name) for name in type(config).section_types()}
 
 
 def user_set_fields(config: EngineConfig) -> frozenset[str]:
     """Paths (``section.field``) the user set explicitly.
 
-    A field counts as unset when it is ``None``, ``"auto"`` or still at its
-    default (the "decide for me" value); everything else is a choice that
-    resolution must honour or reject, never silently replace.
+    A field is set when the user gave it (a constructor argument, an
+    assignment, a key of the dict or file the config came from, a ``--set``),
+    whatever its value, the default value included. A field given ``None``
+    or ``"auto"`` (the values that ask the platform to decide) counts as unset.
     """
     paths = set()
-    for section in SECTIONS:
-        part = getattr(config, section)
-        filled = part.unset_values()
-        for field in dataclasses.fields(part):
-            if not field.init:
-                continue
-            value = getattr(part, field.name)
-            if field.name in filled and value == filled[field.name]:
-                continue
-            if not _unset_value(value, _field_default(field)):
-                paths.add(f"{section}.{field.name}")
+    for section, part in _sections(config).items():
+        for name in part.given_fields():
+            if getattr(part, name) not in _DECIDE_FOR_ME:
+                paths.add(f"{section}.{name}")
     return frozenset(paths)
+
+
+def _field_paths(config: EngineConfig) -> Iterator[tuple[str, Any, str]]:
+    """``(path, section object, field name)`` for every field, derived ones included."""
+    for section, part in _sections(config).items():
+        for f in dataclasses.fields(part):
+            yield f"{section}.{f.name}", part, f.name
+
+
+def _same(old: Any, new: Any) -> bool:
+    return type(old) is type(new) and bool(old == new)
+
+
+def _only_adds_keys(old: Any, new: Any) -> bool:
+    """Whether ``new`` is the dict ``old`` with keys added (every old key kept as it was)."""
+    return (
+        isinstance(old, dict)
+        and isinstance(new, dict)
+        and all(key in new and _same(value, new[key]) for key, value in old.items())
+    )
 
 
 class ChangeLog:
@@ -139,6 +160,9 @@ class ChangeLog:
         self.user_set: frozenset[str] = (
             user_set_fields(config) if user_set is None else frozenset(user_set)
         )
+        self._user_values = {
+            path: copy.deepcopy(self.get(path)) for path in self.user_set if self._known(path)
+        }
         self.changes: list[Change] = []
 
     def __iter__(self) -> Iterator[Change]:
@@ -147,14 +171,22 @@ class ChangeLog:
     def __len__(self) -> int:
         return len(self.changes)
 
+    def _known(self, path: str) -> bool:
+        try:
+            self._locate(path)
+        except ConfigError:
+            return False
+        return True
+
     def _locate(self, path: str) -> tuple[Any, str]:
+        sections = _sections(self._config)
         section, sep, name = path.partition(".")
-        if not sep or section not in SECTIONS:
+        if not sep or section not in sections:
             raise ConfigError(
                 f"change path {path!r} must be 'section.field' with section one of: "
-                f"{', '.join(SECTIONS)}"
+                f"{', '.join(sections)}"
             )
-        part = getattr(self._config, section)
+        part = sections[section]
         names = [f.name for f in dataclasses.fields(part)]
         if name not in names:
             raise ConfigError(
@@ -168,9 +200,13 @@ class ChangeLog:
         return getattr(part, name)
 
     def was_set(self, path: str) -> bool:
-        """Whether the user set ``section.field`` explicitly (before resolution)."""
+        """Whether the user set ``section.field`` (gave it, whatever the value; SPEC 5)."""
         self._locate(path)
         return path in self.user_set
+
+    def user_value(self, path: str) -> Any:
+        """The value the user gave ``section.field`` (``KeyError`` when not set)."""
+        return self._user_values[path]
 
     def record(self, path: str, new: Any, reason: str, source: str | None = None) -> None:
         """Set ``section.field`` to ``new`` and log the change with ``reason``.
@@ -179,17 +215,28 @@ class ChangeLog:
         active platform's ``check_and_update_config``, the plugin's registered
         name inside a hook implementation, ``engine`` in the pipeline. Setting a
         field to its current value records nothing.
+
+        :raises ConfigError: the user set ``path`` (replacing a user's choice is
+            never silent; a dict the user gave may only gain keys), or ``new``
+            is not a valid value for it.
         """
         part, name = self._locate(path)
         old = getattr(part, name)
         if _same(old, new):
             return
-        who = source if source is not None else _current_source()
+        who = source if source is not None else _source.get()
+        if path in self.user_set and not _only_adds_keys(old, new):
+            raise ConfigError(
+                f"{who} wants {path}={brief(_jsonable(new))}, but the user set "
+                f"{path}={brief(_jsonable(self._user_values.get(path, old)))}; an explicit "
+                f"choice is honoured or refused, never replaced (raise ConfigError in {who} "
+                "if the value cannot work)"
+            )
         try:
             setattr(part, name, new)
         except ValueError as exc:
             raise ConfigError(
-                f"{who} set {path} to {new!r}, which is invalid: {one_line(str(exc))}"
+                f"{who} set {path} to {brief(new)}, which is invalid: {one_line(str(exc))}"
             ) from exc
         self.note(path, old, copy.deepcopy(getattr(part, name)), reason, who)
 
@@ -197,34 +244,32 @@ class ChangeLog:
         """Log a change that was already applied (by a config method, say)."""
         if _same(old, new):
             return
-        who = source if source is not None else _current_source()
+        who = source if source is not None else _source.get()
         self.changes.append(Change(path, copy.deepcopy(old), new, who, reason))
 
+    # -- guarding against changes made behind the log ------------------------------
+    def _snapshot(self) -> dict[str, Any]:
+        return {path: copy.deepcopy(getattr(part, name)) for path, part, name in _paths(self)}
 
-def _same(old: Any, new: Any) -> bool:
-    return type(old) is type(new) and bool(old == new)
+    def _unrecorded(self, before: dict[str, Any], since: int) -> list[str]:
+        """Fields that differ from ``before`` other than through :meth:`record` since
+        change number ``since``."""
+        recorded: dict[str, Any] = {}
+        for change in self.changes[since:]:
+            recorded[change.path] = change.new
+        wrong = []
+        for path, part, name in _paths(self):
+            now = getattr(part, name)
+            if _same(before[path], now):
+                continue
+            if path in recorded and _same(recorded[path], now):
+                continue
+            wrong.append(path)
+        return wrong
 
 
-def _current_source() -> str:
-    source = _source.get()
-    if isinstance(source, str):
-        return source
-    frame = sys._getframe(2)
-    while frame is not None:
-        name = source.get(frame.f_code)
-        if name is not None:
-            return name
-        frame = frame.f_back  # type: ignore[assignment]
-    return ENGINE
-
-
-@contextlib.contextmanager
-def _acting_as(source: str | dict[CodeType, str]) -> Iterator[None]:
-    token = _source.set(source)
-    try:
-        yield
-    finally:
-        _source.reset(token)
+def _paths(changes: ChangeLog) -> Iterator[tuple[str, Any, str]]:
+    return _field_paths(changes._config)
 
 
 @dataclasses.dataclass
@@ -268,108 +313,238 @@ class Resolution:
 
 
 # ---------------------------------------------------------------------------
+# Running platform steps and hook implementations under guard
+# ---------------------------------------------------------------------------
+
+Describe = Callable[[str], str]
+"""Turns a source (a plugin name or ``platform:<name>``) into a description for
+messages, such as ``'acme_npu' (distribution acme-npu)``."""
+
+
+def _plain(source: str) -> str:
+    return repr(source)
+
+
+@dataclasses.dataclass
+class _Step:
+    """The state one guarded step needs: the change log, the phase, how to name people."""
+
+    changes: ChangeLog
+    phase: str
+    describe: Describe
+    may_change: bool = True
+
+
+_step: contextvars.ContextVar[_Step | None] = contextvars.ContextVar(
+    "hwplug_resolve_step", default=None
+)
+
+
+@contextlib.contextmanager
+def _acting_as(source: str) -> Iterator[None]:
+    """Run the block as ``source``: its records are attributed to it, and a change
+    it makes behind the change log (or any change in a verify step) is its fault."""
+    token = _source.set(source)
+    step = _step.get()
+    before = step.changes._snapshot() if step is not None else None
+    since = len(step.changes.changes) if step is not None else 0
+    try:
+        yield
+    except (ConfigError, PluginError):
+        raise
+    except Exception as exc:
+        if step is None:
+            raise
+        raise PluginError(
+            f"{_who(source, step.describe)} failed in {step.phase}: {error_line(exc)}"
+        ) from exc
+    except BaseException as exc:
+        if step is None or isinstance(exc, KeyboardInterrupt | GeneratorExit):
+            raise
+        # sys.exit() and friends inside a plugin must not end the engine silently.
+        raise PluginError(
+            f"{_who(source, step.describe)} failed in {step.phase}: {error_line(exc)}"
+        ) from exc
+    finally:
+        _source.reset(token)
+    if step is not None and before is not None:
+        _check_unrecorded(step, source, before, since)
+
+
+def _who(source: str, describe: Describe) -> str:
+    if source.startswith("platform:"):
+        return f"platform {describe(source)}"
+    return f"plugin {describe(source)}"
+
+
+def _check_unrecorded(step: _Step, source: str, before: dict[str, Any], since: int) -> None:
+    if step.may_change:
+        wrong = step.changes._unrecorded(before, since)
+        how = "behind the change log; change fields only through changes.record(path, new, reason)"
+    else:
+        wrong = [p for p in before if not _same(before[p], step.changes.get(p))]
+        how = "although verification must not change the config; raise ConfigError instead"
+    if not wrong:
+        return
+    details = ", ".join(
+        f"{path} ({brief(_jsonable(before[path]))} -> {brief(_jsonable(step.changes.get(path)))})"
+        for path in wrong
+    )
+    raise PluginError(f"{_who(source, step.describe)} changed {details} in {step.phase} {how}")
+
+
+@contextlib.contextmanager
+def _guarded(
+    changes: ChangeLog, phase: str, describe: Describe, *, may_change: bool
+) -> Iterator[None]:
+    token = _step.set(_Step(changes, phase, describe, may_change))
+    try:
+        yield
+    finally:
+        _step.reset(token)
+
+
+_GUARD_MARK = "__hwplug_guarded__"
+_wrap_lock = threading.Lock()
+
+
+def _guard_implementations(hook: Any) -> None:
+    """Make every implementation of ``hook`` run as its plugin, under guard.
+
+    The wrapper is installed once per implementation and does nothing outside
+    a resolution (no step is active then), so pluggy's order, ``tryfirst``,
+    ``trylast`` and ``wrapper=True`` work as usual.
+    """
+    with _wrap_lock:
+        for impl in hook.get_hookimpls():
+            if getattr(impl.function, _GUARD_MARK, False):
+                continue
+            impl.function = _guard_function(impl.function, impl.plugin_name)
+
+
+def _guard_function(function: Callable[..., Any], plugin: str) -> Callable[..., Any]:
+    if inspect.isgeneratorfunction(function):
+
+        @functools.wraps(function)
+        def run_generator(*args: Any) -> Any:
+            gen = function(*args)
+            send: Any = None
+            throw: BaseException | None = None
+            while True:
+                try:
+                    with _as_plugin(plugin):
+                        item = gen.throw(throw) if throw is not None else gen.send(send)
+                except StopIteration as stop:
+                    return stop.value
+                throw = None
+                try:
+                    send = yield item
+                except BaseException as exc:
+                    throw = exc
+
+        setattr(run_generator, _GUARD_MARK, True)
+        return run_generator
+
+    @functools.wraps(function)
+    def run(*args: Any) -> Any:
+        with _as_plugin(plugin):
+            return function(*args)
+
+    setattr(run, _GUARD_MARK, True)
+    return run
+
+
+@contextlib.contextmanager
+def _as_plugin(plugin: str) -> Iterator[None]:
+    if _step.get() is None:
+        # Not resolving (a plugin's hook called directly): attribute, nothing more.
+        token = _source.set(plugin)
+        try:
+            yield
+        finally:
+            _source.reset(token)
+        return
+    with _acting_as(plugin):
+        yield
+
+
+def _call_hook(hooks: Any, name: str, **kwargs: Any) -> None:
+    if hooks is None:
+        return
+    hook = getattr(hooks, name)
+    _guard_implementations(hook)
+    hook(**kwargs)
+
+
+# ---------------------------------------------------------------------------
 # The pipeline
 # ---------------------------------------------------------------------------
 
 
 def resolve(
-    config: EngineConfig | None = None, *, platform: Platform | str | None = None
+    config: EngineConfig,
+    platform: Platform,
+    hooks: Any = None,
+    *,
+    describe: Describe | None = None,
 ) -> Resolution:
-    """Resolve ``config`` for ``platform`` (default: the current platform).
+    """Resolve ``config`` for ``platform``, with the extensions in ``hooks``.
 
-    The caller's config is never mutated. ``platform`` may be a
-    :class:`~hwplug.core.platform.Platform`, a platform name or a profile
-    (``"h100:8"``). Raises :class:`~hwplug.ConfigError` when the config cannot
-    run on the platform. Deterministic: same input, same output.
+    ``hooks`` is the hook relay of a plugin manager (``pm.hook``) or None (no
+    extensions); ``describe`` names a plugin or ``platform:<name>`` in
+    messages (with its distribution, say). The caller's config is never
+    mutated. Deterministic: same input, same output.
+
+    :raises ConfigError: the config cannot run on the platform.
+    :raises PluginError: the platform or a plugin misbehaved (raised, or
+        changed the config behind the change log).
     """
     from hwplug.core.config import EngineConfig
-    from hwplug.plugins import manager
 
-    if config is None:
-        config = EngineConfig()
-    elif not isinstance(config, EngineConfig):
+    if not isinstance(config, EngineConfig):
         raise ConfigError(
             f"resolve() expects an EngineConfig (or None for the defaults), "
             f"got {type(config).__name__}"
         )
-    if platform is None:
-        plat = manager.get_platform()
-    elif isinstance(platform, str):
-        plat = manager.platform_from_spec(platform)
-    else:
-        plat = platform
-    pm = manager.get_plugin_manager()
-
+    name = describe or _plain
     work = copy.deepcopy(config)
     changes = ChangeLog(work)
-    with _acting_as(ENGINE):
-        _step_copy(work, changes)
-        _step_defaults(work, plat, changes)
-        _step_graph_defaults(work, plat, changes)
-    with _acting_as(f"platform:{plat.name}"):
-        plat.check_and_update_config(work, changes)
-    hook = pm.hook.hwplug_check_and_update_config
-    code_map = {impl.function.__code__: impl.plugin_name for impl in hook.get_hookimpls()}
-    with _acting_as(code_map):
+    _step_copy(work, changes)
+    _step_defaults(work, platform, changes)
+    _step_graph_defaults(work, platform, changes)
+    with _guarded(changes, "check_and_update_config", name, may_change=True):
+        with _acting_as(f"platform:{platform.name}"):
+            platform.check_and_update_config(work, changes)
         _call_hook(
-            hook, plugin_kind="check_and_update_config", config=work, platform=plat, changes=changes
+            hooks, "hwplug_check_and_update_config", config=work, platform=platform, changes=changes
         )
-    with _acting_as(ENGINE):
-        _step_finalise(work, plat, changes)
-    plat.verify_config(work)
-    _call_hook(
-        pm.hook.hwplug_verify_config, plugin_kind="verify_config", config=work, platform=plat
-    )
-    return Resolution(work, plat, list(changes.changes))
-
-
-def _call_hook(hook: Any, plugin_kind: str, **kwargs: Any) -> None:
-    """Call a config hook; a non-ConfigError failure is reported as the plugin's fault."""
-    from hwplug.core.errors import PluginError
-
-    try:
-        hook(**kwargs)
-    except ConfigError:
-        raise
-    except PluginError:
-        raise
-    except Exception as exc:
-        culprit = _culprit(exc, hook)
-        raise PluginError(
-            f"plugin {culprit} failed in hwplug_{plugin_kind}: {type(exc).__name__}: "
-            f"{one_line(str(exc))}"
-        ) from exc
-
-
-def _culprit(exc: BaseException, hook: Any) -> str:
-    from hwplug.plugins import manager
-
-    codes = {impl.function.__code__: impl.plugin_name for impl in hook.get_hookimpls()}
-    tb = exc.__traceback__
-    found = None
-    while tb is not None:
-        name = codes.get(tb.tb_frame.f_code)
-        if name is not None:
-            found = name
-        tb = tb.tb_next
-    if found is None:
-        return "(unknown)"
-    dist = manager.get_plugin_manager().distribution_of(found)
-    return f"{found!r} (distribution {dist})" if dist else repr(found)
+    _step_finalise(work, platform, changes)
+    _step_shared_checks(work)
+    with _guarded(changes, "verify_config", name, may_change=False):
+        with _acting_as(f"platform:{platform.name}"):
+            platform.verify_config(work)
+        _call_hook(hooks, "hwplug_verify_config", config=work, platform=platform)
+    return Resolution(work, platform, list(changes.changes))
 
 
 def _step_copy(config: EngineConfig, changes: ChangeLog) -> None:
-    """Step 1: mirror the model's attention facts into the cache config."""
-    changes.record(
-        "cache.sliding_window",
-        config.model.sliding_window,
-        "mirrors model.sliding_window",
-    )
-    changes.record(
-        "cache.is_attention_free",
-        config.model.is_attention_free,
-        "mirrors model.is_attention_free",
-    )
+    """Step 1: mirror the model's attention facts into the cache config.
+
+    A cache value the user set is kept; one that contradicts the model's
+    (both set, different) is a ``ConfigError``.
+    """
+    for name in ("sliding_window", "is_attention_free"):
+        model_path, cache_path = f"model.{name}", f"cache.{name}"
+        model_value = changes.get(model_path)
+        if changes.was_set(cache_path):
+            cache_value = changes.get(cache_path)
+            if changes.was_set(model_path) and not _same(model_value, cache_value):
+                raise ConfigError(
+                    f"{cache_path}={brief(cache_value)} contradicts {model_path}="
+                    f"{brief(model_value)}; set only {model_path} (the cache mirrors it)"
+                )
+            continue
+        changes.record(cache_path, model_value, f"mirrors {model_path}", source=ENGINE)
 
 
 def _step_defaults(config: EngineConfig, plat: Platform, changes: ChangeLog) -> None:
@@ -412,50 +587,56 @@ def _step_defaults(config: EngineConfig, plat: Platform, changes: ChangeLog) -> 
         )
 
 
+def explicit_mode_problem(config: EngineConfig, plat: Platform) -> str | None:
+    """Why an explicit ``compilation.cudagraph_mode`` cannot run on ``plat``, or None."""
+    from hwplug.core.config import CUDAGraphMode
+
+    mode = config.compilation.cudagraph_mode
+    if mode is None or mode == CUDAGraphMode.NONE:
+        return None
+    device = plat.describe_device()
+    if not plat.supports_device_graphs:
+        return (
+            f"compilation.cudagraph_mode={mode} is not supported on {device}: the "
+            f"{plat.name} platform has no device graphs; use NONE"
+        )
+    if config.model.enforce_eager:
+        return (
+            f"compilation.cudagraph_mode={mode} contradicts model.enforce_eager=True; "
+            "set compilation.cudagraph_mode=NONE or model.enforce_eager=False"
+        )
+    if mode.requires_piecewise_compilation() and not plat.supports_piecewise_graphs:
+        return (
+            f"compilation.cudagraph_mode={mode} is not supported on {device}: {plat.name} "
+            "graphs capture the whole forward pass only; use FULL or NONE"
+        )
+    return None
+
+
 def _step_graph_defaults(config: EngineConfig, plat: Platform, changes: ChangeLog) -> None:
     """Step 3: the graph-capture mode."""
     from hwplug.core.config import CompilationLevel, CUDAGraphMode
 
     comp = config.compilation
-    mode = comp.cudagraph_mode
-    device = plat.describe_device()
+    if comp.cudagraph_mode is not None:
+        problem = explicit_mode_problem(config, plat)
+        if problem is not None:
+            raise ConfigError(problem)
+        return
     if not plat.supports_device_graphs:
-        if mode is None:
-            changes.record(
-                "compilation.cudagraph_mode",
-                CUDAGraphMode.NONE,
-                f"{plat.name} has no device graphs",
-            )
-        elif mode != CUDAGraphMode.NONE:
-            raise ConfigError(
-                f"compilation.cudagraph_mode={mode} is not supported on {device}: the "
-                f"{plat.name} platform has no device graphs; use NONE"
-            )
-        return
-    if mode is None:
-        if config.model.enforce_eager:
-            new, reason = CUDAGraphMode.NONE, "model.enforce_eager disables graph capture"
-        elif comp.level == CompilationLevel.PIECEWISE and plat.supports_piecewise_graphs:
-            new, reason = (
-                CUDAGraphMode.FULL_AND_PIECEWISE,
-                "full graphs for decode, piecewise graphs for mixed batches at level PIECEWISE",
-            )
-        elif not plat.graphs_need_compilation:
-            new, reason = CUDAGraphMode.FULL, f"{plat.name} captures the whole forward pass"
-        else:
-            new, reason = CUDAGraphMode.NONE, "graphs need compilation level PIECEWISE"
-        changes.record("compilation.cudagraph_mode", new, reason)
-        return
-    if config.model.enforce_eager and mode != CUDAGraphMode.NONE:
-        raise ConfigError(
-            f"compilation.cudagraph_mode={mode} contradicts model.enforce_eager=True; "
-            "set compilation.cudagraph_mode=NONE or model.enforce_eager=False"
+        new, reason = CUDAGraphMode.NONE, f"{plat.name} has no device graphs"
+    elif config.model.enforce_eager:
+        new, reason = CUDAGraphMode.NONE, "model.enforce_eager disables graph capture"
+    elif comp.level == CompilationLevel.PIECEWISE and plat.supports_piecewise_graphs:
+        new, reason = (
+            CUDAGraphMode.FULL_AND_PIECEWISE,
+            "full graphs for decode, piecewise graphs for mixed batches at level PIECEWISE",
         )
-    if mode.requires_piecewise_compilation() and not plat.supports_piecewise_graphs:
-        raise ConfigError(
-            f"compilation.cudagraph_mode={mode} is not supported on {device}: {plat.name} "
-            "graphs capture the whole forward pass only; use FULL or NONE"
-        )
+    elif not plat.graphs_need_compilation:
+        new, reason = CUDAGraphMode.FULL, f"{plat.name} captures the whole forward pass"
+    else:
+        new, reason = CUDAGraphMode.NONE, "graphs need compilation level PIECEWISE"
+    changes.record("compilation.cudagraph_mode", new, reason)
 
 
 _PIECEWISE_SENSITIVE = ("compilation.cudagraph_mode", "compilation.splitting_ops")
@@ -485,6 +666,14 @@ def _step_finalise(config: EngineConfig, plat: Platform, changes: ChangeLog) -> 
                 raise ConfigError(_splitting_conflict(path, before[path], after, comp))
             changes.note(path, before[path], copy.deepcopy(after), _splitting_reason(path, comp))
 
+    scheduler = config.scheduler
+    if not changes.was_set("scheduler.cuda_graph_sizes"):
+        changes.record(
+            "scheduler.cuda_graph_sizes",
+            [scheduler.default_graph_size()],
+            "min(2 x scheduler.max_num_seqs, 512)",
+        )
+
     mode = comp.cudagraph_mode if comp.cudagraph_mode is not None else CUDAGraphMode.NONE
     graphs_on = (
         plat.supports_device_graphs
@@ -495,35 +684,58 @@ def _step_finalise(config: EngineConfig, plat: Platform, changes: ChangeLog) -> 
     compile_before = copy.deepcopy(comp.compile_sizes)
     sizes = config.default_cudagraph_capture_sizes() if graphs_on else []
     comp.init_with_cudagraph_sizes(sizes)
-    if sizes_before is None:
+    # Normalising what the user gave (dedupe, sort, expand) is not a change.
+    if not changes.was_set("compilation.cudagraph_capture_sizes"):
         reason = (
-            f"from scheduler.cuda_graph_sizes={config.scheduler.cuda_graph_sizes} "
-            f"and max_num_batched_tokens={config.scheduler.max_num_batched_tokens}"
+            f"from scheduler.cuda_graph_sizes={scheduler.cuda_graph_sizes} "
+            f"and max_num_batched_tokens={scheduler.max_num_batched_tokens}"
             if graphs_on
             else "graphs are off: nothing to capture"
         )
-    else:
-        reason = "user sizes deduplicated and sorted" + (
-            "" if graphs_on else " (graphs are off: they will not be captured)"
+        changes.note(
+            "compilation.cudagraph_capture_sizes",
+            sizes_before,
+            copy.deepcopy(comp.cudagraph_capture_sizes),
+            reason,
         )
-    changes.note(
-        "compilation.cudagraph_capture_sizes",
-        sizes_before,
-        copy.deepcopy(comp.cudagraph_capture_sizes),
-        reason,
-    )
-    if compile_before is not None or comp.compile_sizes:
+    if not changes.was_set("compilation.compile_sizes") and (
+        compile_before is not None or comp.compile_sizes
+    ):
         changes.note(
             "compilation.compile_sizes",
             compile_before,
             copy.deepcopy(comp.compile_sizes),
             "sizes for Inductor: 'cudagraph_capture_sizes' expanded, duplicates removed",
         )
-    if graphs_on and comp.cudagraph_num_of_warmups == 0:
+    if (
+        graphs_on
+        and comp.cudagraph_num_of_warmups == 0
+        and not changes.was_set("compilation.cudagraph_num_of_warmups")
+    ):
         changes.record(
             "compilation.cudagraph_num_of_warmups",
             1,
             "one eager warm-up run before each capture",
+        )
+
+
+def _step_shared_checks(config: EngineConfig) -> None:
+    """Step 6, first part: the checks every platform shares (platforms.md)."""
+    scheduler, model = config.scheduler, config.model
+    tokens = scheduler.max_num_batched_tokens
+    if not scheduler.enable_chunked_prefill and tokens < model.max_model_len:
+        raise ConfigError(
+            f"scheduler.max_num_batched_tokens={tokens} is below model.max_model_len="
+            f"{model.max_model_len} without chunked prefill, so a prompt of full length could "
+            f"never be scheduled; set scheduler.max_num_batched_tokens={model.max_model_len} "
+            "(or more), lower model.max_model_len, or set scheduler.enable_chunked_prefill=True"
+        )
+    if tokens < scheduler.max_num_seqs:
+        raise ConfigError(
+            f"scheduler.max_num_batched_tokens={tokens} is below scheduler.max_num_seqs="
+            f"{scheduler.max_num_seqs}: a step could not hold one token of every sequence; "
+            f"set scheduler.max_num_batched_tokens={scheduler.max_num_seqs} (or more), or "
+            f"scheduler.max_num_seqs={tokens} (or fewer)"
         )
 
 
@@ -555,3 +767,13 @@ def _splitting_conflict(path: str, old: Any, new: Any, comp: Any) -> str:
         f"use compilation.cudagraph_mode={_jsonable(new)}, or leave "
         "compilation.splitting_ops unset"
     )
+
+
+def describe_with(distributions: Mapping[str, str]) -> Describe:
+    """A :data:`Describe` that adds each source's distribution from ``distributions``."""
+
+    def describe(source: str) -> str:
+        dist = distributions.get(source)
+        return f"{source!r} (distribution {dist})" if dist else repr(source)
+
+    return describe

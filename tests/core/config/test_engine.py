@@ -243,7 +243,7 @@ def test_from_dict_field_names_must_be_strings() -> None:
             "compilation.pass_config.enable_noop:",
         ),
         ({"compilation": {"pass_config": {"noop": True}}}, "compilation.pass_config.noop:"),
-        ({"scheduler": {"cuda_graph_sizes": [4, -1]}}, "scheduler.cuda_graph_sizes.1:"),
+        ({"scheduler": {"cuda_graph_sizes": [4, -1]}}, "scheduler.cuda_graph_sizes[1]:"),
     ],
 )
 def test_from_dict_value_errors_name_the_field_path(data: dict[str, Any], expected: str) -> None:

@@ -14,13 +14,13 @@ import importlib
 import importlib.metadata
 import logging
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import PurePath
 from typing import Annotated, Any, ClassVar, TypeVar
 
 from pydantic import BeforeValidator, ConfigDict, Field, ValidationError
 
-from hwplug.core.errors import ConfigError
+from hwplug.core.errors import ConfigError, brief
 
 __all__ = [
     "CONFIG",
@@ -28,7 +28,13 @@ __all__ = [
     "Count",
     "Fraction",
     "NonNegativeFloat",
+    "MAX_BYTES",
+    "MAX_DEPTH",
+    "MAX_GIB",
+    "MAX_SIZE",
     "PositiveInt",
+    "Size",
+    "check_depth",
     "config_section",
     "did_you_mean",
     "format_validation_error",
@@ -63,12 +69,21 @@ def _not_bool(value: Any) -> Any:
     return value
 
 
-#: An integer >= 1 (booleans rejected).
-PositiveInt = Annotated[int, BeforeValidator(_not_bool), Field(ge=1)]
-#: An integer >= 0 (booleans rejected): block counts, byte sizes.
-Count = Annotated[int, BeforeValidator(_not_bool), Field(ge=0)]
-#: A float >= 0 (booleans rejected): GiB amounts.
-NonNegativeFloat = Annotated[float, BeforeValidator(_not_bool), Field(ge=0)]
+MAX_SIZE = 1 << 20
+"""Largest batch, capture or scheduling size (tokens, sequences, a device count)."""
+MAX_BYTES = 1 << 60
+"""Largest memory figure in bytes (and the bound of any other integer setting)."""
+MAX_GIB = float(1 << 30)
+"""Largest memory figure in GiB (2**60 bytes)."""
+
+#: An integer in [1, 2**60] (booleans rejected).
+PositiveInt = Annotated[int, BeforeValidator(_not_bool), Field(ge=1, le=MAX_BYTES)]
+#: An integer in [1, 2**20] (booleans rejected): batch, capture and scheduling sizes.
+Size = Annotated[int, BeforeValidator(_not_bool), Field(ge=1, le=MAX_SIZE)]
+#: An integer in [0, 2**60] (booleans rejected): block counts, byte sizes.
+Count = Annotated[int, BeforeValidator(_not_bool), Field(ge=0, le=MAX_BYTES)]
+#: A float in [0, 2**30] (booleans rejected): GiB amounts.
+NonNegativeFloat = Annotated[float, BeforeValidator(_not_bool), Field(ge=0, le=MAX_GIB)]
 #: A float in (0, 1] (booleans rejected): memory fractions.
 Fraction = Annotated[float, BeforeValidator(_not_bool), Field(gt=0, le=1)]
 
@@ -107,14 +122,27 @@ def format_validation_error(exc: ValidationError, prefix: str) -> str:
     lines = []
     for error in exc.errors():
         cause = (error.get("ctx") or {}).get("error")
-        loc = ".".join(str(part) for part in error["loc"])
-        path = f"{prefix}.{loc}" if loc else prefix
+        path = prefix + "".join(_loc_part(part) for part in error["loc"])
         if isinstance(cause, ConfigError):
             # Our own messages already carry the path.
             lines.append(str(cause))
         else:
-            lines.append(f"{path}: {error['msg']} (got {error['input']!r:.80})")
-    return "; ".join(lines)
+            lines.append(f"{path}: {error['msg']} (got {brief(error.get('input'))})")
+    return "; ".join(dict.fromkeys(lines))
+
+
+def _loc_part(part: object) -> str:
+    """One step of a pydantic error location as a path suffix (``.field``, ``[0]``).
+
+    pydantic also names the union member or validator it tried
+    (``function-after[...]``, ``int``); those are not part of the user's path.
+    """
+    if isinstance(part, int):
+        return f"[{part}]"
+    text = str(part)
+    if not text.isidentifier() or text in ("int", "str", "float", "bool", "list", "dict"):
+        return ""
+    return f".{text}"
 
 
 def did_you_mean(name: str, choices: Iterable[str]) -> str:
@@ -132,6 +160,12 @@ class ConfigSection:
 
     ``section`` is the key of the model in ``EngineConfig`` (``"cache"``); it
     prefixes field names in error messages (``cache.block_size``).
+
+    Every instance remembers which fields the user gave: constructor
+    arguments, keys of the dict or file it was built from, and later
+    assignments, whatever their values. Values a model fills in itself while
+    it is built (``SchedulerConfig.cuda_graph_sizes``, migrated deprecated
+    flags) are not the user's.
     """
 
     section: ClassVar[str] = ""
@@ -141,22 +175,28 @@ class ConfigSection:
         """Names of the fields a user may set (constructor arguments)."""
         return tuple(f.name for f in dataclasses.fields(cls) if f.init)  # type: ignore[arg-type]
 
-    def unset_values(self) -> dict[str, Any]:
-        """Values that fields take after construction when the user left them unset.
+    def given_fields(self) -> frozenset[str]:
+        """Names of the fields the user gave (as arguments, dict keys or assignments).
 
-        Only for fields whose "decide for me" value is filled in after
-        construction (so it differs from the declared default); resolution uses
-        it to tell a user's choice from a filled-in default.
+        A field given the value ``None`` or ``"auto"``, which mean "decide for
+        me", is still listed here; :func:`hwplug.core.resolve.user_set_fields`
+        leaves those out.
         """
-        return {}
+        given: frozenset[str] = self.__dict__.get(_GIVEN, frozenset())
+        return given
 
     def copy(self: _S) -> _S:
-        """An independent deep copy."""
+        """An independent deep copy (the given fields included)."""
         return copy.deepcopy(self)
 
     def to_dict(self) -> dict[str, Any]:
         """The user-settable fields as a JSON-ready dict (derived fields left out)."""
         return {name: jsonable(getattr(self, name)) for name in self.init_field_names()}
+
+
+# Instance attributes (outside the dataclass fields) of every config section.
+_GIVEN = "_hwplug_given"
+_BUILDING = "_hwplug_building"
 
 
 def _unknown_field(cls: type[ConfigSection], name: str) -> ConfigError:
@@ -180,11 +220,13 @@ def config_section(cls: _T) -> _T:
     - an error that only our own checks raised surfaces as that ``ConfigError``
       instead of pydantic's wrapper;
     - a rejected assignment leaves the object as it was (pydantic would keep
-      the new value when a whole-object check fails).
+      the new value when a whole-object check fails);
+    - the fields the user gives are remembered (see :meth:`ConfigSection.given_fields`).
     """
     init: Callable[..., None] = vars(cls)["__init__"]
     setattr_: Callable[[Any, str, Any], None] = vars(cls).get("__setattr__", object.__setattr__)
-    names = frozenset(cls.init_field_names())  # type: ignore[attr-defined]
+    ordered_names: tuple[str, ...] = cls.init_field_names()  # type: ignore[attr-defined]
+    names = frozenset(ordered_names)
     all_fields = frozenset(f.name for f in dataclasses.fields(cls))
 
     @functools.wraps(init)
@@ -192,10 +234,15 @@ def config_section(cls: _T) -> _T:
         for key in kwargs:
             if key not in names:
                 raise _unknown_field(cls, key)
+        given = frozenset(kwargs) | frozenset(ordered_names[: len(args)])
+        object.__setattr__(self, _BUILDING, True)
         try:
             init(self, *args, **kwargs)
         except ValidationError as exc:
             raise surface(exc) from None
+        finally:
+            object.__setattr__(self, _BUILDING, False)
+        object.__setattr__(self, _GIVEN, given)
 
     @functools.wraps(setattr_)
     def __setattr__(self: Any, name: str, value: Any) -> None:
@@ -206,6 +253,9 @@ def config_section(cls: _T) -> _T:
             raise _unknown_field(cls, name)
         missing = object()
         old = self.__dict__.get(name, missing)
+        # pydantic's assignment validation may rebuild __dict__ from the fields alone.
+        building = self.__dict__.get(_BUILDING, False)
+        given = self.given_fields()
         try:
             setattr_(self, name, value)
         except ValidationError as exc:
@@ -214,10 +264,45 @@ def config_section(cls: _T) -> _T:
             else:
                 self.__dict__[name] = old
             raise surface(exc) from None
+        finally:
+            object.__setattr__(self, _BUILDING, building)
+            object.__setattr__(self, _GIVEN, given)
+        if name in names and not building:
+            object.__setattr__(self, _GIVEN, given | {name})
 
     cls.__init__ = __init__  # type: ignore[misc]
     cls.__setattr__ = __setattr__  # type: ignore[assignment]
     return cls
+
+
+# --------------------------------------------------------------------------- nesting
+
+MAX_DEPTH = 32
+"""How deeply dicts and lists may nest in a config."""
+
+
+def check_depth(data: Any, where: str = "", limit: int = MAX_DEPTH) -> None:
+    """Refuse values nested deeper than ``limit`` (dicts and lists), naming the path.
+
+    :raises ConfigError: the path of the first value found too deep.
+    """
+    stack: list[tuple[Any, str, int]] = [(data, where, 0)]
+    while stack:
+        value, path, depth = stack.pop()
+        if isinstance(value, Mapping):
+            children: list[tuple[Any, str]] = [
+                (v, f"{path}.{k}" if path else str(k)) for k, v in value.items()
+            ]
+        elif isinstance(value, list | tuple):
+            children = [(v, f"{path}[{i}]") for i, v in enumerate(value)]
+        else:
+            continue
+        if depth >= limit:
+            raise ConfigError(
+                f"{path[:120]}: values are nested more than {limit} levels deep; an engine config "
+                "holds sections of fields, with small lists and dicts"
+            )
+        stack.extend((child, child_path, depth + 1) for child, child_path in children)
 
 
 # --------------------------------------------------------------------------- names

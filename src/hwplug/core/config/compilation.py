@@ -12,16 +12,18 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, ClassVar
 
-from pydantic import WithJsonSchema, field_validator
+from pydantic import ValidationInfo, WithJsonSchema, field_validator
 from pydantic.dataclasses import dataclass
 from pydantic.json_schema import SkipJsonSchema
 
 from hwplug.core.config import _common
 from hwplug.core.config._common import (
     CONFIG,
+    MAX_SIZE,
     ConfigSection,
     Count,
-    PositiveInt,
+    Size,
+    check_depth,
     config_section,
     did_you_mean,
     jsonable,
@@ -32,7 +34,7 @@ from hwplug.core.config._common import (
 )
 from hwplug.core.config.cudagraph_mode import CompilationLevel, CUDAGraphMode
 from hwplug.core.config.pass_config import PassConfig
-from hwplug.core.errors import ConfigError
+from hwplug.core.errors import ConfigError, brief
 
 if TYPE_CHECKING:
     from hwplug.core.config.engine import EngineConfig
@@ -128,7 +130,7 @@ class CompilationConfig(ConfigSection):
     # -- inductor
     use_inductor: bool = True
     """Compile the pieces with inductor at level 3 (otherwise they run eagerly)."""
-    compile_sizes: list[PositiveInt | str] | None = None
+    compile_sizes: list[int | str] | None = None
     """Sizes inductor specialises for; ``"cudagraph_capture_sizes"`` adds the capture sizes."""
     inductor_compile_config: dict[str, Any] = dataclasses.field(default_factory=dict)
     """Extra inductor options (resolved passes are added here)."""
@@ -142,7 +144,7 @@ class CompilationConfig(ConfigSection):
     """Deprecated: ``False`` means ``cudagraph_mode=NONE``."""
     cudagraph_num_of_warmups: Count = 0
     """Eager runs of each size before its graph is captured."""
-    cudagraph_capture_sizes: list[PositiveInt] | None = None
+    cudagraph_capture_sizes: list[Size] | None = None
     """Batch sizes to capture graphs for; ``None`` derives them from the scheduler."""
     cudagraph_copy_inputs: bool = False
     """Copy inputs into static buffers before replay (piecewise graphs)."""
@@ -200,13 +202,41 @@ class CompilationConfig(ConfigSection):
             return None
         if isinstance(value, str):
             text = value.strip()
-            if text.isdigit():
+            if text in ("0", "1", "2", "3"):
                 value = int(text)
             elif text.upper() in CompilationLevel.__members__:
                 value = CompilationLevel[text.upper()]
         if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= 3:
             return int(value)
-        raise ConfigError(f"compilation.level: invalid level {value!r}; allowed levels: {_LEVELS}")
+        raise ConfigError(
+            f"compilation.level: invalid level {brief(value)}; allowed levels: {_LEVELS}"
+        )
+
+    @field_validator("inductor_compile_config", "inductor_passes", mode="before")
+    @classmethod
+    def _check_nesting(cls, value: Any, info: ValidationInfo) -> Any:
+        check_depth(value, f"compilation.{info.field_name}")
+        return value
+
+    @field_validator("compile_sizes", mode="before")
+    @classmethod
+    def _check_compile_sizes(cls, value: Any) -> Any:
+        if value is None:
+            return None
+        if not isinstance(value, list | tuple):
+            raise ConfigError(
+                f"compilation.compile_sizes must be a list, got {brief(value)}; "
+                f"entries are sizes 1..{MAX_SIZE} or the string {_CAPTURE_SIZES_TOKEN!r}"
+            )
+        for i, entry in enumerate(value):
+            if isinstance(entry, str):
+                continue  # checked when expanded (init_with_cudagraph_sizes)
+            if isinstance(entry, bool) or not isinstance(entry, int) or not 1 <= entry <= MAX_SIZE:
+                raise ConfigError(
+                    f"compilation.compile_sizes[{i}]={brief(entry)} is not allowed; entries "
+                    f"are sizes 1..{MAX_SIZE} or the string {_CAPTURE_SIZES_TOKEN!r}"
+                )
+        return list(value)
 
     @field_validator("cudagraph_mode", mode="before")
     @classmethod
@@ -256,14 +286,6 @@ class CompilationConfig(ConfigSection):
                 f"(torch here: {have}); set it to False"
             )
         return enabled
-
-    def unset_values(self) -> dict[str, Any]:
-        filled: dict[str, Any] = {}
-        if _common.torch_version_at_least("2.6"):
-            filled["enable_auto_functionalized_v2"] = False
-        for name in self.inductor_passes:
-            filled[name] = self.inductor_compile_config.get(name)
-        return {"inductor_compile_config": filled}
 
     def __post_init__(self) -> None:
         # Custom passes rely on auto-functionalization v1 (v2 is on by default since 2.6).

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
+import math
+import re
 import sys
 from collections.abc import Mapping
 from pathlib import Path
@@ -15,7 +18,9 @@ from pydantic.dataclasses import dataclass
 
 from hwplug.core.config._common import (
     CONFIG,
+    MAX_DEPTH,
     ConfigSection,
+    check_depth,
     config_section,
     did_you_mean,
     format_validation_error,
@@ -33,6 +38,8 @@ __all__ = ["EngineConfig"]
 _SMALL_CAPTURE_SIZES = (1, 2, 4)
 _CAPTURE_SIZE_STEP = 8
 _SUPPORTED_SUFFIXES = (".json", ".yaml", ".yml", ".toml")
+MAX_FILE_BYTES = 1 << 20
+"""The largest config file read (1 MiB)."""
 
 
 @config_section
@@ -104,6 +111,7 @@ class EngineConfig(ConfigSection):
             raise ConfigError(
                 f"engine config: expected a dict of sections, got {type(data).__name__}"
             )
+        check_depth(data)
         types = cls.section_types()
         sections: dict[str, ConfigSection] = {}
         for name, body in data.items():
@@ -119,9 +127,25 @@ class EngineConfig(ConfigSection):
     def from_file(cls, path: str | Path) -> EngineConfig:
         """Load a config from a ``.json``, ``.yaml``/``.yml`` or ``.toml`` file.
 
-        :raises ConfigError: the file is missing, unreadable or malformed (the
-            message names the file and, where the parser says, the line), has an
-            unsupported extension, or holds an invalid config.
+        :raises ConfigError: the file is missing, unreadable, too large or
+            malformed (the message names the file and, where the parser says,
+            the line), has an unsupported extension, or holds an invalid config.
+        """
+        data = cls.file_data(path)
+        try:
+            return cls.from_dict(data)
+        except ConfigError as exc:
+            raise ConfigError(f"{path}: {exc}") from exc
+
+    @classmethod
+    def file_data(cls, path: str | Path) -> dict[str, Any]:
+        """The parsed contents of a config file: a dict of sections, not yet validated.
+
+        What :meth:`from_file` builds the config from; merge other values (the
+        command line's ``--set``) into it first to get one config from both.
+
+        :raises ConfigError: as :meth:`from_file`, for everything but the
+            config's own validation.
         """
         path = Path(path)
         suffix = path.suffix.lower()
@@ -131,9 +155,19 @@ class EngineConfig(ConfigSection):
                 f"supported: {', '.join(_SUPPORTED_SUFFIXES)}"
             )
         try:
-            text = path.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as exc:
+            with path.open("rb") as stream:
+                raw = stream.read(MAX_FILE_BYTES + 1)
+        except OSError as exc:
             raise ConfigError(f"{path}: cannot read config file: {exc}") from exc
+        if len(raw) > MAX_FILE_BYTES:
+            raise ConfigError(
+                f"{path}: config file is larger than {MAX_FILE_BYTES // 1024} KiB; "
+                "an engine config is a few hundred bytes"
+            )
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise ConfigError(f"{path}: cannot read config file: not UTF-8 text ({exc})") from exc
         data = _parse(path, suffix, text)
         if data is None:  # an empty YAML document
             data = {}
@@ -142,10 +176,7 @@ class EngineConfig(ConfigSection):
                 f"{path}: expected a mapping of sections at the top level, "
                 f"got {type(data).__name__}"
             )
-        try:
-            return cls.from_dict(data)
-        except ConfigError as exc:
-            raise ConfigError(f"{path}: {exc}") from exc
+        return data
 
     @classmethod
     def json_schema(cls) -> dict[str, Any]:
@@ -157,15 +188,18 @@ class EngineConfig(ConfigSection):
     def default_cudagraph_capture_sizes(self) -> list[int]:
         """Capture sizes derived from the scheduler, ascending and deduplicated.
 
-        One value N in ``scheduler.cuda_graph_sizes`` expands to those of 1, 2,
-        4 not above N plus every multiple of 8 up to N; several values are
+        One value N in ``scheduler.cuda_graph_sizes`` (when the user left it
+        unset, ``min(2 * max_num_seqs, 512)`` of the current ``max_num_seqs``)
+        expands to those of 1, 2, 4 not above N plus every multiple of 8 up to
+        N; several values are
         used as given. Sizes above ``scheduler.max_num_batched_tokens`` are
         dropped, and with tensor and sequence parallelism so are sizes the
         tensor-parallel size does not divide.
         """
         scheduler = self.scheduler
         limit = scheduler.max_num_batched_tokens
-        requested = scheduler.cuda_graph_sizes or [scheduler.default_graph_size()]
+        given = "cuda_graph_sizes" in scheduler.given_fields() and scheduler.cuda_graph_sizes
+        requested = scheduler.cuda_graph_sizes if given else [scheduler.default_graph_size()]
         if len(requested) == 1:
             # Sizes above the token limit would be dropped anyway: do not build them.
             bound = min(requested[0], limit)
@@ -207,29 +241,102 @@ def _build_section(section_cls: type[ConfigSection], body: Any) -> ConfigSection
 
 
 def _parse(path: Path, suffix: str, text: str) -> Any:
-    if suffix == ".json":
-        try:
-            return json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise ConfigError(
-                f"{path}: malformed JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}"
-            ) from exc
-    if suffix == ".toml":
-        if sys.version_info >= (3, 11):
-            import tomllib
-        else:  # pragma: no cover - Python 3.10
-            import tomli as tomllib
-        try:
-            return tomllib.loads(text)
-        except tomllib.TOMLDecodeError as exc:
-            # The message carries "(at line L, column C)".
-            raise ConfigError(f"{path}: malformed TOML: {exc}") from exc
+    try:
+        if suffix == ".json":
+            try:
+                return load_json(text)
+            except json.JSONDecodeError as exc:
+                raise ConfigError(
+                    f"{path}: malformed JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}"
+                ) from exc
+        if suffix == ".toml":
+            return _parse_toml(path, text)
+        return _parse_yaml(path, text)
+    except RecursionError:
+        raise ConfigError(
+            f"{path}: values are nested too deeply to read (at most {MAX_DEPTH} levels)"
+        ) from None
+
+
+def _parse_toml(path: Path, text: str) -> Any:
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # pragma: no cover - Python 3.10
+        import tomli as tomllib
+    long_number = _LONG_NUMBER.search(text)
+    if long_number is not None:
+        line = text.count("\n", 0, long_number.start()) + 1
+        raise ConfigError(
+            f"{path}: malformed TOML: a number at line {line} has more than "
+            f"{_MAX_DIGITS} digits; numbers in an engine config are at most 2**60"
+        )
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        # The message carries "(at line L, column C)".
+        raise ConfigError(f"{path}: malformed TOML: {exc}") from exc
+
+
+def _parse_yaml(path: Path, text: str) -> Any:
     import yaml
 
     try:
-        return yaml.safe_load(text)
+        return yaml.load(text, Loader=_yaml_loader())
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         problem = getattr(exc, "problem", None) or str(exc)
         raise ConfigError(f"{path}: malformed YAML{where}: {problem}") from exc
+
+
+# Integers longer than this are not converted (Python refuses over 4300 digits,
+# and converting them takes quadratic time); they fail validation as too large.
+_MAX_DIGITS = 100
+_LONG_NUMBER = re.compile(rf"[0-9_]{{{_MAX_DIGITS + 1},}}")
+
+
+class OversizedNumber(float):
+    """A number too long to convert: it stands in as infinity, so that validation
+    names the field and says what is allowed (every bounded field refuses it)."""
+
+    digits: int
+
+    def __new__(cls, text: str) -> OversizedNumber:
+        self = super().__new__(cls, math.inf)
+        self.digits = len(text.strip().lstrip("+-"))
+        return self
+
+    def __repr__(self) -> str:
+        return f"<a number of {self.digits} digits>"
+
+
+def _parse_int(text: str) -> int | float:
+    if len(text) > _MAX_DIGITS:
+        return OversizedNumber(text)
+    return int(text)
+
+
+def load_json(text: str) -> Any:
+    """``json.loads`` for config text: over-long integers become :class:`OversizedNumber`.
+
+    :raises json.JSONDecodeError: malformed JSON.
+    :raises RecursionError: nesting too deep for the parser.
+    """
+    return json.loads(text, parse_int=_parse_int)
+
+
+@functools.cache
+def _yaml_loader() -> type:
+    import yaml
+
+    class Loader(yaml.SafeLoader):
+        """PyYAML's safe loader, with over-long integers kept as :class:`OversizedNumber`."""
+
+        def construct_yaml_int(self, node: Any) -> Any:
+            value = self.construct_scalar(node)
+            if isinstance(value, str) and len(value.replace("_", "")) > _MAX_DIGITS:
+                return OversizedNumber(value)
+            return super().construct_yaml_int(node)
+
+    Loader.add_constructor("tag:yaml.org,2002:int", Loader.construct_yaml_int)
+    return Loader

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
 
 from pydantic.dataclasses import dataclass
 
-from hwplug.core.config._common import CONFIG, ConfigSection, PositiveInt, config_section
+from hwplug.core.config._common import CONFIG, ConfigSection, Size, config_section
 
 __all__ = ["SchedulerConfig"]
 
@@ -22,22 +21,19 @@ class SchedulerConfig(ConfigSection):
 
     section = "scheduler"
 
-    max_num_seqs: PositiveInt = 256
+    max_num_seqs: Size = 256
     """Most sequences in one step."""
-    max_num_batched_tokens: PositiveInt = 8192
+    max_num_batched_tokens: Size = 8192
     """Most tokens in one step."""
     enable_chunked_prefill: bool | None = None
     """Split long prompts across steps; ``None`` lets the platform decide."""
-    cuda_graph_sizes: list[PositiveInt] = dataclasses.field(default_factory=list)
+    cuda_graph_sizes: list[Size] = dataclasses.field(default_factory=list)
     """Graph capture sizes: one value N expands to 1, 2, 4 and multiples of 8 up to N;
     several are used as given. Empty means ``[min(2 * max_num_seqs, 512)]``."""
 
     def __post_init__(self) -> None:
         if not self.cuda_graph_sizes:
             self.cuda_graph_sizes = [self.default_graph_size()]
-
-    def unset_values(self) -> dict[str, Any]:
-        return {"cuda_graph_sizes": [self.default_graph_size()]}
 
     def default_graph_size(self) -> int:
         """The single capture-size bound used when none is given."""

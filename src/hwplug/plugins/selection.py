@@ -1,0 +1,437 @@
+"""Selecting the platform: the platform classes plugins provide, their probes, the choice.
+
+``hwplug_platforms`` is called through pluggy (so ``tryfirst``, ``trylast``
+and wrappers apply); each implementation's result is checked on its own, so
+a plugin that raises or returns garbage is named and skipped while the
+others go on. Platform classes are validated before they take part: a name
+that is not lower case, a priority that is not an integer, profiles that are
+not a dict of devices. A platform or profile name claimed twice is a
+:class:`~hwplug.PluginError` naming both distributions.
+
+Selection asks every platform's ``detect()`` (torch-free); the present
+platform with the highest priority wins. ``HWPLUG_SIMULATE`` (a profile) and
+``HWPLUG_PLATFORM`` (a name) choose instead.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import logging
+import os
+import re
+import threading
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
+
+from hwplug.core.errors import ConfigError, PluginError, brief, error_line
+from hwplug.core.platform import DeviceInfo, Platform, parse_profile_spec
+
+if TYPE_CHECKING:
+    from hwplug.plugins.manager import HwplugPluginManager
+
+__all__ = [
+    "Candidate",
+    "PlatformEntry",
+    "Selection",
+    "detect",
+    "known_profiles",
+    "platform_entries",
+    "platform_from_spec",
+    "select",
+    "simulate",
+]
+
+logger = logging.getLogger("hwplug.plugins")
+
+PLATFORM_ENV = "HWPLUG_PLATFORM"
+SIMULATE_ENV = "HWPLUG_SIMULATE"
+
+_NAME = re.compile(r"^[a-z][a-z0-9_.-]*$")
+_STRING_ATTRIBUTES = ("device_type", "dist_backend", "ray_device_key", "device_control_env_var")
+
+
+@dataclasses.dataclass(frozen=True)
+class PlatformEntry:
+    """A platform class with the plugin and distribution that provide it."""
+
+    cls: type[Platform]
+    plugin: str
+    distribution: str
+
+    def describe(self) -> str:
+        return (
+            f"platform {self.cls.name!r} of plugin {self.plugin!r} "
+            f"(distribution {self.distribution})"
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class Candidate:
+    """A platform considered during selection and what its probe found."""
+
+    name: str
+    plugin: str
+    distribution: str
+    priority: int
+    probed: bool
+    present: bool
+    devices: tuple[DeviceInfo, ...] = ()
+    error: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "plugin": self.plugin,
+            "distribution": self.distribution,
+            "priority": self.priority,
+            "probed": self.probed,
+            "present": self.present,
+            "devices": [d.to_dict() for d in self.devices],
+            "error": self.error,
+        }
+
+
+@dataclasses.dataclass(frozen=True)
+class Selection:
+    """The selected platform, every candidate, and why the choice was made."""
+
+    platform: Platform
+    candidates: tuple[Candidate, ...]
+    reason: str
+
+
+# --------------------------------------------------------------------------- the classes
+
+
+@dataclasses.dataclass(frozen=True)
+class _Tagged:
+    """One ``hwplug_platforms`` implementation's outcome, labelled with its plugin."""
+
+    plugin: str
+    result: object = None
+    error: BaseException | None = None
+
+
+_TAG_MARK = "__hwplug_tagged__"
+_tag_lock = threading.Lock()
+
+
+def _tag(function: Callable[..., Any], plugin: str) -> Callable[..., Any]:
+    @functools.wraps(function)
+    def run(*args: Any) -> _Tagged:
+        try:
+            return _Tagged(plugin, result=function(*args))
+        except (KeyboardInterrupt, GeneratorExit):
+            raise
+        except BaseException as exc:
+            return _Tagged(plugin, error=exc)
+
+    setattr(run, _TAG_MARK, True)
+    return run
+
+
+def _call_platforms_hook(pm: HwplugPluginManager) -> list[_Tagged]:
+    hook = pm.hook.hwplug_platforms
+    with _tag_lock:
+        for impl in hook.get_hookimpls():
+            if not (impl.wrapper or impl.hookwrapper) and not getattr(
+                impl.function, _TAG_MARK, False
+            ):
+                impl.function = _tag(impl.function, impl.plugin_name)  # type: ignore[misc]
+    return [item for item in hook() if isinstance(item, _Tagged)]
+
+
+def _class_problem(item: object) -> str | None:
+    """Why ``item`` cannot be used as a platform class, or None."""
+    if not (isinstance(item, type) and issubclass(item, Platform)):
+        return f"returned {brief(item, 60)}, which is not a Platform subclass"
+    name = item.name
+    if not isinstance(name, str) or not name:
+        return f"platform class {item.__qualname__} has no name"
+    if not _NAME.match(name):
+        return (
+            f"platform class {item.__qualname__} is named {name!r}; platform names are lower "
+            f"case (letters, digits, '_', '-', '.'), as in {name.lower()!r}"
+        )
+    if isinstance(item.priority, bool) or not isinstance(item.priority, int):
+        return (
+            f"platform {name!r}: priority must be an integer (built-ins use 10, vendors 50), "
+            f"got {brief(item.priority, 40)}"
+        )
+    for attr in _STRING_ATTRIBUTES:
+        if not isinstance(getattr(item, attr), str):
+            return (
+                f"platform {name!r}: {attr} must be a string, got {brief(getattr(item, attr), 40)}"
+            )
+    try:
+        profiles = item.profiles()
+    except (KeyboardInterrupt, GeneratorExit):
+        raise
+    except BaseException as exc:
+        return f"platform {name!r}: profiles() raised {error_line(exc)}"
+    if not isinstance(profiles, dict) or not all(
+        isinstance(k, str) and isinstance(v, DeviceInfo) for k, v in profiles.items()
+    ):
+        return (
+            f"platform {name!r}: profiles() must return a dict of profile name -> DeviceInfo, "
+            f"got {brief(profiles, 60)}"
+        )
+    bad = [k for k in profiles if not _NAME.match(k)]
+    if bad:
+        return (
+            f"platform {name!r}: profile names must be lower case, got {', '.join(map(repr, bad))}"
+        )
+    return None
+
+
+def platform_entries(pm: HwplugPluginManager) -> dict[str, PlatformEntry]:
+    """Every valid platform class the registered plugins provide, by platform name.
+
+    :raises PluginError: a platform name, or a profile name, claimed twice.
+    """
+    entries: dict[str, PlatformEntry] = {}
+    profiles: dict[str, PlatformEntry] = {}
+    outcomes = _call_platforms_hook(pm)
+    # Built-ins first, then third parties, each in name order: deterministic.
+    outcomes.sort(key=lambda t: (not pm.is_builtin(t.plugin), t.plugin))
+    for outcome in outcomes:
+        plugin = outcome.plugin
+        dist = pm.distribution_of(plugin) or "(unregistered)"
+        pm.trace("hwplug_platforms", f"[plugin {plugin}]")
+        if outcome.error is not None:
+            pm.fail(plugin, dist, "hwplug_platforms", outcome.error)
+            continue
+        result = outcome.result
+        if result is None:
+            continue
+        if not isinstance(result, list | tuple):
+            pm.fail(
+                plugin,
+                dist,
+                "hwplug_platforms",
+                f"returned {type(result).__name__}, expected a list of Platform subclasses",
+            )
+            continue
+        for item in result:
+            problem = _class_problem(item)
+            if problem is not None:
+                pm.fail(plugin, dist, "hwplug_platforms", problem)
+                continue
+            assert isinstance(item, type)
+            assert issubclass(item, Platform)
+            entry = PlatformEntry(item, plugin, dist)
+            existing = entries.get(item.name)
+            if existing is not None:
+                if existing.cls is item:
+                    continue
+                raise PluginError(
+                    f"platform name {item.name!r} is claimed twice: by plugin "
+                    f"{existing.plugin!r} (distribution {existing.distribution!r}) and by "
+                    f"plugin {plugin!r} (distribution {dist!r}); uninstall one, or exclude "
+                    "it with HWPLUG_PLUGINS"
+                )
+            for profile in item.profiles():
+                other = profiles.get(profile)
+                if other is not None:
+                    raise PluginError(
+                        f"device profile {profile!r} is claimed twice: by {other.describe()} "
+                        f"and by {entry.describe()}; profile names must be unique across "
+                        "platforms (rename one, or exclude a plugin with HWPLUG_PLUGINS)"
+                    )
+                profiles[profile] = entry
+            entries[item.name] = entry
+    return entries
+
+
+def known_profiles(pm: HwplugPluginManager) -> dict[str, tuple[str, DeviceInfo]]:
+    """Every simulated profile: profile name -> (platform name, device)."""
+    found: dict[str, tuple[str, DeviceInfo]] = {}
+    for name, entry in sorted(pm.platform_entries().items()):
+        for profile, device in entry.cls.profiles().items():
+            found[profile] = (name, device)
+    return found
+
+
+# --------------------------------------------------------------------------- probing
+
+
+def detect(pm: HwplugPluginManager, entry: PlatformEntry) -> Candidate:
+    """Ask one platform class whether its devices are present (a failure is reported)."""
+    cls = entry.cls
+    try:
+        pm.trace(f"{cls.name}.detect()", f"[plugin {entry.plugin}]")
+        devices = cls.detect()
+        if not isinstance(devices, list | tuple) or not all(
+            isinstance(d, DeviceInfo) for d in devices
+        ):
+            raise TypeError(
+                f"detect() returned {brief(devices, 60)}, expected a list of DeviceInfo"
+            )
+    except (KeyboardInterrupt, GeneratorExit):
+        raise
+    except BaseException as exc:
+        pm.fail(entry.plugin, entry.distribution, f"{cls.name}.detect()", exc)
+        return Candidate(
+            cls.name,
+            entry.plugin,
+            entry.distribution,
+            cls.priority,
+            True,
+            False,
+            error=error_line(exc),
+        )
+    logger.debug("detect %s: %d device(s)", cls.name, len(devices))
+    return Candidate(
+        cls.name,
+        entry.plugin,
+        entry.distribution,
+        cls.priority,
+        True,
+        bool(devices),
+        tuple(devices),
+    )
+
+
+def _start(entry: PlatformEntry, make: Callable[[], Platform]) -> Platform:
+    """Make a platform instance; the plugin's failure becomes a PluginError naming it."""
+    try:
+        platform = make()
+    except ConfigError:
+        raise
+    except (KeyboardInterrupt, GeneratorExit):
+        raise
+    except BaseException as exc:
+        raise PluginError(f"{entry.describe()} failed to start: {error_line(exc)}") from exc
+    if not isinstance(platform, Platform):
+        raise PluginError(
+            f"{entry.describe()} failed to start: got {brief(platform, 60)}, not a Platform"
+        )
+    return platform
+
+
+def instantiate(entry: PlatformEntry, devices: tuple[DeviceInfo, ...]) -> Platform:
+    """``entry.cls(devices)``, with a failure named."""
+    return _start(entry, lambda: entry.cls(devices))
+
+
+def simulate(pm: HwplugPluginManager, spec: str) -> Platform:
+    """The platform simulating profile ``spec`` (``"h100"`` or ``"h100:8"``)."""
+    profile, _count = parse_profile_spec(spec)
+    known = pm.known_profiles()
+    if profile not in known:
+        raise ConfigError(
+            f"unknown device profile {profile!r}; known profiles: {', '.join(sorted(known))}"
+        )
+    entry = pm.platform_entries()[known[profile][0]]
+    return _start(entry, lambda: entry.cls.simulate(spec))
+
+
+def _entry(pm: HwplugPluginManager, name: str) -> PlatformEntry:
+    entries = pm.platform_entries()
+    entry = entries.get(name.strip().lower())
+    if entry is None:
+        raise ConfigError(
+            f"unknown platform {name!r}; known platforms: {', '.join(sorted(entries))}"
+        )
+    return entry
+
+
+def platform_from_spec(pm: HwplugPluginManager, spec: str) -> Platform:
+    """A platform by name (detected, else its representative profile) or by profile."""
+    if not isinstance(spec, str):
+        raise ConfigError(f"a platform name or profile must be a string, got {brief(spec, 40)}")
+    text = spec.strip().lower()
+    entries = pm.platform_entries()
+    if text in entries:
+        entry = entries[text]
+        candidate = pm.detect(entry)
+        if candidate.present:
+            return instantiate(entry, candidate.devices)
+        profile = entry.cls.representative()
+        if profile is None:
+            raise ConfigError(f"platform {text!r} has no device here and no profile to simulate")
+        return _start(entry, lambda: entry.cls.simulate(profile))
+    name, _ = parse_profile_spec(text)
+    if name in entries:
+        raise ConfigError(f"{spec!r}: a device count needs a profile name, as in 'h100:8'")
+    if name not in pm.known_profiles():
+        raise ConfigError(
+            f"unknown platform or profile {spec!r}; platforms: {', '.join(sorted(entries))}; "
+            f"profiles: {', '.join(sorted(pm.known_profiles()))}"
+        )
+    return simulate(pm, text)
+
+
+# --------------------------------------------------------------------------- the choice
+
+
+def select(pm: HwplugPluginManager, env: Mapping[str, str] | None = None) -> Selection:
+    """Choose the platform from the environment and the probes."""
+    environ = os.environ if env is None else env
+    entries = pm.platform_entries()
+    forced = environ.get(PLATFORM_ENV, "").strip().lower()
+    spec = environ.get(SIMULATE_ENV, "").strip()
+    if spec:
+        platform = simulate(pm, spec)
+        if forced and forced != platform.name:
+            raise ConfigError(
+                f"{SIMULATE_ENV}={spec} is a {platform.name} profile but "
+                f"{PLATFORM_ENV}={forced}; unset one of them"
+            )
+        candidates = tuple(
+            Candidate(
+                n,
+                e.plugin,
+                e.distribution,
+                e.cls.priority,
+                False,
+                n == platform.name,
+                platform.devices if n == platform.name else (),
+            )
+            for n, e in sorted(entries.items())
+        )
+        return Selection(platform, candidates, f"{SIMULATE_ENV}={spec}")
+    if forced:
+        entry = _entry(pm, forced)
+        candidate = pm.detect(entry)
+        if not candidate.present:
+            why = f" ({candidate.error})" if candidate.error else ""
+            profile_names = sorted(entry.cls.profiles())
+            hint = (
+                f"; to simulate it, set {SIMULATE_ENV} to one of: {', '.join(profile_names)}"
+                if profile_names
+                else ""
+            )
+            raise ConfigError(
+                f"{PLATFORM_ENV}={forced}: no {forced} device was detected{why}{hint}"
+            )
+        others = tuple(
+            Candidate(n, e.plugin, e.distribution, e.cls.priority, False, False)
+            for n, e in sorted(entries.items())
+            if n != forced
+        )
+        platform = instantiate(entry, candidate.devices)
+        return Selection(platform, (candidate, *others), f"{PLATFORM_ENV}={forced}")
+    candidates = tuple(pm.detect(entries[n]) for n in sorted(entries))
+    present = [c for c in candidates if c.present]
+    if not present:
+        raise PluginError(
+            "no platform detected, not even the CPU; is the cpu platform excluded? "
+            f"candidates: {', '.join(c.name for c in candidates) or 'none'}"
+        )
+    best = max(c.priority for c in present)
+    winners = sorted((c for c in present if c.priority == best), key=lambda c: c.name)
+    if len(winners) > 1:
+        names = " and ".join(f"{c.name!r} ({c.distribution})" for c in winners)
+        raise PluginError(
+            f"platforms {names} are both present with priority {best}; set "
+            f"{PLATFORM_ENV} to one of: {', '.join(c.name for c in winners)}"
+        )
+    chosen = winners[0]
+    also = [c.name for c in present if c is not chosen]
+    reason = f"highest priority ({best}) among present platforms" + (
+        f" (also present: {', '.join(also)})" if also else ""
+    )
+    platform = instantiate(entries[chosen.name], chosen.devices)
+    return Selection(platform, candidates, reason)
