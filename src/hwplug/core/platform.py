@@ -18,7 +18,7 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
 
 from hwplug.core.dtypes import canonical_dtype
-from hwplug.core.errors import ConfigError
+from hwplug.core.errors import ConfigError, brief
 
 if TYPE_CHECKING:
     import torch
@@ -26,9 +26,18 @@ if TYPE_CHECKING:
     from hwplug.core.config import EngineConfig, ModelConfig
     from hwplug.core.resolve import ChangeLog
 
-__all__ = ["DeviceCapability", "DeviceInfo", "Platform", "parse_profile_spec"]
+__all__ = [
+    "MAX_DEVICES",
+    "DeviceCapability",
+    "DeviceInfo",
+    "Platform",
+    "ascii_decimal",
+    "parse_profile_spec",
+]
 
 GiB = 1 << 30
+MAX_MEMORY = 1 << 60
+"""The largest memory figure in bytes a device may report."""
 
 
 class DeviceCapability(NamedTuple):
@@ -64,9 +73,10 @@ class DeviceCapability(NamedTuple):
             return cls(value // 10, value % 10)
         if isinstance(value, str):
             major, sep, minor = value.strip().partition(".")
-            if sep and major.isdigit() and minor.isdigit():
-                return cls(int(major), int(minor))
-            raise ValueError(f"device capability must look like '8.9', got {value!r}")
+            major_n, minor_n = ascii_decimal(major), ascii_decimal(minor)
+            if sep and major_n is not None and minor_n is not None:
+                return cls(major_n, minor_n)
+            raise ValueError(f"device capability must look like '8.9', got {brief(value)}")
         if isinstance(value, Sequence) and len(value) == 2:
             major_v, minor_v = value
             if isinstance(major_v, int) and isinstance(minor_v, int):
@@ -144,8 +154,12 @@ class DeviceInfo:
             object.__setattr__(self, "capability", DeviceCapability.parse(self.capability))
         if not isinstance(self.features, frozenset):
             object.__setattr__(self, "features", frozenset(self.features))
-        if self.total_memory < 0:
-            raise ValueError(f"DeviceInfo.total_memory must be >= 0, got {self.total_memory}")
+        memory = self.total_memory
+        if isinstance(memory, bool) or not isinstance(memory, int) or not 0 <= memory <= MAX_MEMORY:
+            raise ConfigError(
+                f"DeviceInfo.total_memory must be a number of bytes from 0 to 2**60, "
+                f"got {brief(memory)}"
+            )
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready description."""
@@ -159,19 +173,45 @@ class DeviceInfo:
         }
 
 
+MAX_DEVICES = 1 << 20
+"""The largest device count a profile spec may ask for."""
+
+
+def ascii_decimal(text: str, max_digits: int = 18) -> int | None:
+    """``text`` as a non-negative ASCII decimal of at most ``max_digits`` digits, else None.
+
+    ``str.isdigit`` accepts ``"²"``, which ``int`` refuses: user and kernel
+    text is checked with this instead.
+    """
+    text = text.strip()
+    if text and len(text) <= max_digits and text.isascii() and text.isdecimal():
+        return int(text)
+    return None
+
+
 def parse_profile_spec(spec: str) -> tuple[str, int]:
-    """Split ``"h100:8"`` into ``("h100", 8)``; a bare name means one device."""
+    """Split ``"h100:8"`` into ``("h100", 8)``; a bare name means one device.
+
+    :raises ConfigError: no name, or a count that is not an integer in
+        1..2**20.
+    """
+    if not isinstance(spec, str):
+        raise ConfigError(f"a device profile must be a string such as 'h100:8', got {brief(spec)}")
     name, sep, count_text = spec.strip().partition(":")
     name = name.strip().lower()
     if not name:
-        raise ConfigError(f"empty device profile in {spec!r}; expected a name such as 'h100:8'")
+        raise ConfigError(
+            f"empty device profile in {brief(spec)}; expected a name such as 'h100:8'"
+        )
     if not sep:
         return name, 1
-    if not count_text.strip().isdigit() or int(count_text) < 1:
+    count = ascii_decimal(count_text)
+    if count is None or not 1 <= count <= MAX_DEVICES:
         raise ConfigError(
-            f"device count in profile {spec!r} must be a positive integer, as in 'h100:8'"
+            f"device count in profile {brief(spec)} must be an integer from 1 to "
+            f"{MAX_DEVICES}, as in 'h100:8'"
         )
-    return name, int(count_text)
+    return name, count
 
 
 class Platform:
@@ -506,13 +546,13 @@ class Platform:
             raise IndexError(
                 f"device {device_id} is not visible: {var}={value!r} lists {len(ids)} device(s)"
             )
-        physical = ids[device_id]
-        if not physical.isdigit():
+        physical = ascii_decimal(ids[device_id])
+        if physical is None:
             raise ValueError(
-                f"{var}={value!r}: entry {physical!r} is not a device index; "
+                f"{var}={brief(value)}: entry {brief(ids[device_id])} is not a device index; "
                 "only integer indices can be mapped"
             )
-        return int(physical)
+        return physical
 
     def init_process_group(
         self,
@@ -548,3 +588,134 @@ class Platform:
             **kwargs,
         )
         return dist.group.WORLD
+
+    # ==================================================================================
+    # runtime services (SPEC 13)
+    #
+    # What an engine calls while it runs. Generic by ``device_type``: the base drives
+    # torch's module of that name (``torch.cuda``, ``torch.xpu``, ``torch.hpu`` once
+    # its stack is imported, a vendor's own ``torch.<type>``); the CPU needs no device
+    # calls. On a simulated platform the methods that would touch a device raise
+    # ``RuntimeError``; ``torch_device`` and ``seed_everything`` touch none and work
+    # everywhere (an engine may run a simulated platform's configuration on CPU
+    # tensors). Every method imports torch lazily.
+    # ==================================================================================
+
+    def _require_real_device(self, what: str) -> None:
+        if self.simulated:
+            raise RuntimeError(
+                f"{what} needs a real device, but the {self.name} platform is simulated "
+                f"(profile {self.profile!r}: there is no device to call). Run on a machine "
+                f"with the device and without HWPLUG_SIMULATE (or use_platform) selecting a "
+                "profile; to test on CPU, run the configuration on CPU tensors instead"
+            )
+
+    def _device_index(self, i: int) -> int:
+        if isinstance(i, bool) or not isinstance(i, int):
+            raise ValueError(f"device index must be an integer, got {i!r}")
+        if self.devices:
+            self._device(i)
+        elif i < 0:
+            raise IndexError(f"device index must be >= 0, got {i}")
+        return i
+
+    def _runtime_module(self, what: str, attribute: str) -> Any:
+        """``torch.<device_type>``, checked to provide ``attribute``."""
+        import torch
+
+        module = getattr(torch, self.device_type, None) if self.device_type else None
+        if module is None or not callable(getattr(module, attribute, None)):
+            raise RuntimeError(
+                f"{what} on the {self.name} platform needs torch.{self.device_type or '?'}"
+                f".{attribute}, which this torch build lacks; install the torch build (or the "
+                f"vendor extension) for {self.vendor or self.name} devices"
+            )
+        return module
+
+    def torch_device(self, i: int = 0) -> torch.device:
+        """The torch device for device ``i`` (``cpu`` on the CPU; never initialises it).
+
+        Works on a simulated platform too: it names the device the platform would
+        use, and tensors placed on it fail where the device is absent.
+        """
+        import torch
+
+        index = self._device_index(i)
+        if self.device_type == "cpu":
+            return torch.device("cpu")
+        return torch.device(self.device_type, index)
+
+    def set_device(self, i: int) -> None:
+        """Make device ``i`` this thread's current device (a no-op on the CPU).
+
+        :raises RuntimeError: the platform is simulated, or torch has no runtime
+            for its device type.
+        """
+        index = self._device_index(i)
+        self._require_real_device("set_device()")
+        if self.device_type == "cpu":
+            return
+        self._runtime_module("set_device()", "set_device").set_device(index)
+
+    def synchronize(self) -> None:
+        """Wait for the work queued on the current device (a no-op on the CPU).
+
+        :raises RuntimeError: the platform is simulated, or torch has no runtime
+            for its device type.
+        """
+        self._require_real_device("synchronize()")
+        if self.device_type == "cpu":
+            return
+        self._runtime_module("synchronize()", "synchronize").synchronize()
+
+    def empty_cache(self) -> None:
+        """Return the allocator's cached, unused device memory (a no-op on the CPU).
+
+        :raises RuntimeError: the platform is simulated, or torch has no runtime
+            for its device type.
+        """
+        self._require_real_device("empty_cache()")
+        if self.device_type == "cpu":
+            return
+        self._runtime_module("empty_cache()", "empty_cache").empty_cache()
+
+    def seed_everything(self, seed: int) -> None:
+        """Seed Python's ``random``, NumPy (when installed) and torch on every device.
+
+        Touches no device (torch seeds device generators lazily), so it works
+        on a simulated platform.
+
+        :raises ValueError: ``seed`` is not a non-negative integer.
+        """
+        if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+            raise ValueError(f"seed must be a non-negative integer, got {seed!r}")
+        import random
+
+        import torch
+
+        random.seed(seed)
+        try:
+            import numpy
+        except ImportError:
+            pass
+        else:
+            numpy.random.seed(seed % (1 << 32))
+        torch.manual_seed(seed)
+
+    def mem_get_info(self, i: int = 0) -> tuple[int, int]:
+        """``(free, total)`` bytes of device ``i``; on the CPU, the host's available
+        and total memory.
+
+        :raises RuntimeError: the platform is simulated, or torch has no memory
+            query for its device type.
+        """
+        index = self._device_index(i)
+        self._require_real_device("mem_get_info()")
+        if self.device_type == "cpu":
+            import psutil
+
+            memory = psutil.virtual_memory()
+            return int(memory.available), int(memory.total)
+        module = self._runtime_module("mem_get_info()", "mem_get_info")
+        free, total = module.mem_get_info(index)
+        return int(free), int(total)

@@ -160,6 +160,18 @@ class CpuPlatform(BuiltinPlatform):
         return super().model_dtype_problem(dtype, config)
 
     # -- memory ---------------------------------------------------------------------
+    def get_current_memory_usage(self, i: int = 0) -> int:
+        """This process's resident memory in bytes (psutil; never 0 on the real host).
+
+        A simulated CPU profile is idle, like every simulated device: 0.
+        """
+        if self.simulated:
+            return super().get_current_memory_usage(i)
+        self._device(i)
+        import psutil
+
+        return max(1, int(psutil.Process().memory_info().rss))
+
     def kvcache_space_bytes(self) -> tuple[int, str]:
         """Bytes for the KV cache from ``HWPLUG_CPU_KVCACHE_SPACE`` (GiB), default 4 GiB.
 
