@@ -12,9 +12,11 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 
-$(STAMP): $(BIN)/python pyproject.toml
+$(STAMP): $(BIN)/python pyproject.toml examples/acme_npu/pyproject.toml
 	$(BIN)/pip install --quiet $(TORCH_PIN)
 	$(BIN)/pip install --quiet -e ".[test,docs,triton]"
+	# The suite must pass with third-party plugins installed: install the example vendor plugin.
+	$(BIN)/pip install --quiet --no-deps --no-build-isolation ./examples/acme_npu
 	touch $(STAMP)
 
 setup: $(STAMP)

@@ -25,7 +25,7 @@ PROCESS_CASES = [
     ),
     pytest.param(
         ["resolve", "--platform", "tpu"],
-        {},
+        {"HWPLUG_PLUGINS": ""},
         ["unknown platform 'tpu'", "known platforms: cpu, cuda, hpu, rocm, xpu"],
         id="unknown-platform",
     ),

@@ -288,16 +288,23 @@ def test_device_budget_error_names_utilisation_and_memory() -> None:
         num_blocks(engine(model=small_model(max_model_len=10**8)), CudaPlatform.simulate("h100"))
 
 
-def test_sliding_window_needs_only_the_window() -> None:
-    # 1 MiB for a full 1024-token sequence; a 256-token window needs (256 + 16) tokens
-    budget = {"kv_cache_memory_bytes": 17 * 16 * 1024}
+def test_sliding_window_needs_the_window_plus_one_step() -> None:
+    # 1 MiB for a full 1024-token sequence; a 256-token window with steps of at most
+    # 16 tokens needs min(1024, 255 + 16) = 271 tokens = 17 blocks, plus one block
+    budget = {"kv_cache_memory_bytes": 18 * 16 * 1024}
     with pytest.raises(ConfigError):
         num_blocks(engine(model=small_model(), cache=budget), tiny())
     config = engine(model=small_model(sliding_window=256), cache=budget)
-    assert num_blocks(config, tiny()) == 17
+    config.scheduler.max_num_batched_tokens = 16
+    assert num_blocks(config, tiny()) == 18
+    config.scheduler.max_num_batched_tokens = 18  # 273 tokens: one block more
+    with pytest.raises(ConfigError, match=r"sliding window 256 - 1 \+ scheduler"):
+        num_blocks(config, tiny())
     spec = KVCacheSpec.from_config(config, tiny())
-    assert spec.tokens_per_sequence(1024) == 272
-    assert spec.tokens_per_sequence(100) == 100
+    assert spec.tokens_per_sequence(1024, 16) == 271
+    assert spec.blocks_per_sequence(1024, 16) == 18
+    assert spec.tokens_per_sequence(100, 16) == 100
+    assert spec.blocks_per_sequence(1024, 8192) == 65  # a long step: the whole sequence
 
 
 def test_used_bytes_must_be_a_non_negative_integer() -> None:

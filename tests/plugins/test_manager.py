@@ -12,7 +12,7 @@ from tests.plugins.distributions import clean_env, make_distribution, run_python
 
 def vendor_module(
     *,
-    name: str = "npu",
+    name: str = "vnpu",
     priority: int = 50,
     detect: str = "return [DeviceInfo('Vendor NPU', 1 << 30)]",
     extra: str = "",
@@ -97,16 +97,16 @@ def test_vendor_platform_found_through_package_metadata_wins_by_priority(tmp_pat
     site = install(tmp_path, "vendor-npu", "vendor_npu", vendor_module(priority=50))
     out = info([site])
     assert "vendor_npu" in out["plugins"]
-    assert out["platform"] == "npu"
+    assert out["platform"] == "vnpu"
     assert "highest priority (50)" in out["reason"]
-    assert out["candidates"]["npu"] is True
+    assert out["candidates"]["vnpu"] is True
 
 
 def test_absent_vendor_platform_leaves_cpu(tmp_path: Path) -> None:
     site = install(tmp_path, "vendor-npu", "vendor_npu", vendor_module(detect="return []"))
     out = info([site])
     assert out["platform"] == "cpu"
-    assert out["candidates"]["npu"] is False
+    assert out["candidates"]["vnpu"] is False
 
 
 @pytest.mark.parametrize(
@@ -120,7 +120,7 @@ def test_hwplug_plugins_allow_list(tmp_path: Path, allow: str | None, loaded: bo
     assert ("vendor_npu" in out["plugins"]) is loaded
     # built-in platforms always load, whatever the allow-list says
     assert {"cuda", "cpu", "hpu", "rocm", "xpu"} <= set(out["plugins"])
-    assert out["platform"] == ("npu" if loaded else "cpu")
+    assert out["platform"] == ("vnpu" if loaded else "cpu")
 
 
 def test_hwplug_plugins_applies_to_extension_group_too(tmp_path: Path) -> None:
@@ -168,8 +168,8 @@ def test_hwplug_simulate_implies_platform_and_never_probes(tmp_path: Path) -> No
 
 def test_hwplug_simulate_vendor_profile(tmp_path: Path) -> None:
     site = install(tmp_path, "vendor-npu", "vendor_npu", vendor_module(detect="return []"))
-    out = info([site], HWPLUG_SIMULATE="npu-sim")
-    assert out["platform"] == "npu"
+    out = info([site], HWPLUG_SIMULATE="vnpu-sim")
+    assert out["platform"] == "vnpu"
     assert out["simulated"] is True
 
 
@@ -196,7 +196,7 @@ FAILURES = {
     "raising detect": (
         "vendor_npu",
         vendor_module(detect="raise OSError('driver gone')"),
-        "npu.detect()",
+        "vnpu.detect()",
         "OSError: driver gone",
     ),
     "raising hook": (
@@ -221,7 +221,7 @@ FAILURES = {
     "garbage from detect": (
         "vendor_npu",
         vendor_module(detect="return 'yes'"),
-        "npu.detect()",
+        "vnpu.detect()",
         "expected a list of DeviceInfo",
     ),
 }
@@ -275,7 +275,7 @@ def test_platform_name_claimed_twice_names_both_distributions(tmp_path: Path) ->
     )
     out = info([site])
     assert out["error"] == "PluginError"
-    assert "'npu' is claimed twice" in out["message"]
+    assert "'vnpu' is claimed twice" in out["message"]
     assert "first-dist" in out["message"] and "second-dist" in out["message"]
 
 
@@ -331,7 +331,7 @@ def test_current_platform_is_detected_once_under_concurrent_first_use(tmp_path: 
     """
     result = run_python(code, paths=[site], env=clean_env())
     assert result.returncode == 0, result.stderr
-    assert result.stdout.split() == ["32", "1", "npu"]
+    assert result.stdout.split() == ["32", "1", "vnpu"]
     assert counter.read_text() == "x"
 
 
@@ -361,7 +361,7 @@ def test_trace_logs_every_hook_call(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
     assert "hwplug-trace:" in result.stderr
     assert "hwplug_platforms [plugin vendor_npu]" in result.stderr
-    assert "npu.detect() [plugin vendor_npu]" in result.stderr
+    assert "vnpu.detect() [plugin vendor_npu]" in result.stderr
     assert "hwplug_check_and_update_config" in result.stderr
     assert "hwplug_verify_config" in result.stderr
 

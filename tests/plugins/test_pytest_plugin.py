@@ -104,7 +104,7 @@ def test_platforms_marker_filters_the_parameter_set(pytester) -> None:
         def test_by_profile(hwplug_platform):
             assert hwplug_platform.profile == "xeon-spr"
 
-        @pytest.mark.hwplug_platforms("tpu")
+        @pytest.mark.hwplug_platforms("xpu")
         def test_nothing_selected(hwplug_platform):
             raise AssertionError("must not run")
 
@@ -123,6 +123,32 @@ def test_platforms_marker_filters_the_parameter_set(pytester) -> None:
     assert "test_gpu_like[mi300x]" not in out
     assert "test_both_markers_apply[mi300x] PASSED" in out
     assert "empty parameter set" in pytester.runpytest("-rs", "--hwplug-profiles=h100").stdout.str()
+
+
+def test_platforms_marker_with_an_unknown_name_is_a_usage_error(pytester) -> None:
+    pytester.makepyfile(
+        """
+        import pytest
+
+        @pytest.mark.hwplug_platforms("nvidia")
+        def test_misnamed(hwplug_platform):
+            raise AssertionError("must not run")
+        """
+    )
+    result = pytester.runpytest("--hwplug-profiles=h100")
+    assert result.ret != 0
+    out = result.stdout.str()
+    assert "unknown platform or profile 'nvidia'" in out
+    assert "cuda" in out
+    result.assert_outcomes(errors=1)
+
+
+def test_bad_profile_count_is_a_usage_error_not_an_internal_error(pytester) -> None:
+    pytester.makepyfile("def test_x(hwplug_platform):\n    pass\n")
+    result = pytester.runpytest("--hwplug-profiles=h100:\u00b2")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    assert "INTERNALERROR" not in result.stdout.str() + result.stderr.str()
+    assert "device count in profile" in result.stderr.str()
 
 
 def test_requires_device_skips_unless_really_present(pytester, monkeypatch) -> None:

@@ -238,19 +238,23 @@ class KVCacheSpec:
         """Bytes of one block across all layers."""
         return self.num_layers * self.page_size_bytes
 
-    def tokens_per_sequence(self, max_model_len: int) -> int:
-        """Tokens of one ``max_model_len`` sequence the cache must hold.
+    def tokens_per_sequence(self, max_model_len: int, max_num_batched_tokens: int = 1) -> int:
+        """Tokens of one ``max_model_len`` sequence the cache must hold at once.
 
-        With a sliding window only the window (plus one block, as the window
-        slides across block boundaries) is kept.
+        With a sliding window, a step that adds up to ``max_num_batched_tokens``
+        tokens still needs the ``sliding_window - 1`` before them:
+        ``min(max_model_len, sliding_window - 1 + max_num_batched_tokens)``.
         """
         if self.sliding_window is None:
             return max_model_len
-        return min(max_model_len, self.sliding_window + self.block_size)
+        return min(max_model_len, self.sliding_window - 1 + max_num_batched_tokens)
 
-    def blocks_per_sequence(self, max_model_len: int) -> int:
-        """Blocks one ``max_model_len`` sequence needs."""
-        return math.ceil(self.tokens_per_sequence(max_model_len) / self.block_size)
+    def blocks_per_sequence(self, max_model_len: int, max_num_batched_tokens: int = 1) -> int:
+        """Blocks one ``max_model_len`` sequence needs: its tokens rounded up to blocks,
+        plus one block with a sliding window (the window rarely starts on a block edge)."""
+        tokens = self.tokens_per_sequence(max_model_len, max_num_batched_tokens)
+        extra = 0 if self.sliding_window is None else 1
+        return math.ceil(tokens / self.block_size) + extra
 
     @classmethod
     def from_config(cls, config: EngineConfig, platform: Platform) -> KVCacheSpec:
@@ -331,12 +335,14 @@ def num_blocks(config: EngineConfig, platform: Platform, used_bytes: int = 0) ->
         budget = platform.kv_cache_budget_bytes(config, used_bytes)
         source, remedy = _budget_source(config, platform, used_bytes)
     blocks = max(budget, 0) // spec.bytes_per_block
-    needed_blocks = spec.blocks_per_sequence(config.model.max_model_len)
+    step = config.scheduler.max_num_batched_tokens
+    needed_blocks = spec.blocks_per_sequence(config.model.max_model_len, step)
     if blocks < needed_blocks:
-        tokens = spec.tokens_per_sequence(config.model.max_model_len)
+        tokens = spec.tokens_per_sequence(config.model.max_model_len, step)
         window = (
-            f" (sliding window {spec.sliding_window} + one block)"
-            if tokens < config.model.max_model_len
+            f" (sliding window {spec.sliding_window} - 1 + scheduler.max_num_batched_tokens "
+            f"{step}, plus one block)"
+            if spec.sliding_window is not None
             else ""
         )
         raise ConfigError(

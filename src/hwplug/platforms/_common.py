@@ -13,9 +13,10 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 from hwplug.core.dtypes import canonical_dtype
+from hwplug.core.errors import ConfigError
 from hwplug.core.platform import DeviceCapability, DeviceInfo, Platform
 
 if TYPE_CHECKING:
@@ -292,6 +293,37 @@ class BuiltinPlatform(Platform):
             return value or None
 
         return self._queried.get(what, i, query)
+
+    mla_without_chunked_prefill: ClassVar[bool] = False
+    """Whether MLA models run here without chunked prefill (the CPU and XPU MLA kernels):
+    unset chunked prefill is turned off and an unset ``max_num_batched_tokens``
+    raised to hold a whole prompt."""
+    mla_min_batched_tokens: ClassVar[int] = 2048
+    """With ``mla_without_chunked_prefill``: the least ``max_num_batched_tokens`` filled in."""
+
+    def default_chunked_prefill(self, config: EngineConfig) -> tuple[bool, str]:
+        """Off for MLA models where the MLA kernels have no chunked prefill."""
+        if config.model.use_mla and self.mla_without_chunked_prefill:
+            return False, f"MLA attention on {self.name} has no chunked prefill"
+        return super().default_chunked_prefill(config)
+
+    def apply_mla_rules(self, config: EngineConfig, changes: ChangeLog) -> None:
+        """Without chunked prefill for MLA: refuse it when explicit, and let a step hold a
+        whole prompt (``max_num_batched_tokens`` >= ``max_model_len``) when unset."""
+        if not (config.model.use_mla and self.mla_without_chunked_prefill):
+            return
+        if config.scheduler.enable_chunked_prefill:
+            raise ConfigError(
+                f"scheduler.enable_chunked_prefill=True is not supported for MLA models "
+                f"(model.use_mla=True) on {self.describe_device()}: its MLA attention has no "
+                "chunked prefill; set scheduler.enable_chunked_prefill=False"
+            )
+        fill_unset(
+            changes,
+            "scheduler.max_num_batched_tokens",
+            max(config.model.max_model_len, self.mla_min_batched_tokens),
+            f"MLA without chunked prefill on {self.name}: a step holds a whole prompt",
+        )
 
     def _cache_dtype_obstacle(self, cache_dtype: str) -> str | None:
         """Why this device cannot store ``cache_dtype`` (None: nothing specific)."""

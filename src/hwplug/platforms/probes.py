@@ -59,12 +59,13 @@ import logging
 import os
 import platform as _platform
 import re
+import stat
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from hwplug.core.platform import DeviceCapability, DeviceInfo
+from hwplug.core.platform import MAX_MEMORY, DeviceCapability, DeviceInfo
 from hwplug.platforms.profiles import PROFILES
 
 __all__ = [
@@ -115,12 +116,48 @@ def _exists(path: Path) -> bool:
     return os.path.exists(path)
 
 
+# Every read is bounded: sysfs attributes hold at most a page, /proc/cpuinfo
+# of a large host a few hundred KiB.
+_READ_LIMIT = 1 << 20
+_MAX_DIGITS = 40
+
+
 def _read_text(path: Path) -> str | None:
+    """The first MiB of a regular file, or None (missing, unreadable, or not a regular
+    file: a device node or FIFO linked into the tree is never read)."""
     try:
-        return path.read_text(encoding="utf-8", errors="replace")
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
     except OSError as exc:
         logger.debug("cannot read %s: %s", path, exc.strerror or exc)
         return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            logger.debug("%s is not a regular file; not read", path)
+            return None
+        with os.fdopen(fd, "rb", closefd=False) as stream:
+            data = stream.read(_READ_LIMIT)
+    except OSError as exc:
+        logger.debug("cannot read %s: %s", path, exc.strerror or exc)
+        return None
+    finally:
+        os.close(fd)
+    return data.decode("utf-8", errors="replace")
+
+
+def _bytes(value: int, what: object) -> int:
+    """A memory figure as reported, or 0 (unknown) when it is beyond 2**60 bytes."""
+    if 0 <= value <= MAX_MEMORY:
+        return value
+    logger.debug("%s: memory figure %d is out of range; treated as unknown", what, value)
+    return 0
+
+
+def _decimal(text: str) -> int | None:
+    """A non-negative ASCII decimal of at most 40 digits, else None (``²`` is not one)."""
+    text = text.strip()
+    if text and len(text) <= _MAX_DIGITS and text.isascii() and text.isdecimal():
+        return int(text)
+    return None
 
 
 def _parse_uint(text: str) -> int | None:
@@ -129,14 +166,16 @@ def _parse_uint(text: str) -> int | None:
     Every number the probes read (ids, classes, sizes) is non-negative.
     """
     text = text.strip()
-    if text.isdecimal() and text.isascii():
-        return int(text)
+    value = _decimal(text)
+    if value is not None:
+        return value
+    digits = text[2:]
     if (
         text[:2].lower() == "0x"
-        and text[2:]
-        and all(c in "0123456789abcdefABCDEF" for c in text[2:])
+        and 0 < len(digits) <= _MAX_DIGITS
+        and all(c in "0123456789abcdefABCDEF" for c in digits)
     ):
-        return int(text[2:], 16)
+        return int(digits, 16)
     return None
 
 
@@ -198,9 +237,9 @@ def _numbered(path: Path, prefix: str) -> list[tuple[int, Path]]:
     """Entries ``<prefix><n>`` of a directory, sorted by ``n``."""
     found = []
     for name in _list_dir(path):
-        suffix = name[len(prefix) :]
-        if name.startswith(prefix) and suffix.isdigit():
-            found.append((int(suffix), path / name))
+        number = _decimal(name[len(prefix) :]) if name.startswith(prefix) else None
+        if number is not None:
+            found.append((number, path / name))
     return sorted(found)
 
 
@@ -208,10 +247,11 @@ def _meminfo_total(root: Path) -> int:
     """``MemTotal`` of ``/proc/meminfo`` in bytes, 0 when unknown."""
     fields = _read_fields(root / "proc/meminfo")
     value = fields.get("memtotal", "")
-    number, _, unit = value.partition(" ")
-    if not number.isdigit():
+    text, _, unit = value.partition(" ")
+    number = _decimal(text)
+    if number is None:
         return 0
-    return int(number) * (1024 if unit.strip().lower() == "kb" else 1)
+    return _bytes(number * (1024 if unit.strip().lower() == "kb" else 1), "MemTotal")
 
 
 @dataclass(frozen=True)
@@ -297,8 +337,9 @@ def _uuid_resolver(uuids: Sequence[str | None]) -> Callable[[str], int | None]:
     """Resolve an index, or a full or unique-prefix UUID (case-insensitive)."""
 
     def resolve(entry: str) -> int | None:
-        if entry.isdigit():
-            return int(entry)
+        index = _decimal(entry)
+        if index is not None:
+            return index
         wanted = entry.lower()
         matches = [i for i, uuid in enumerate(uuids) if uuid and uuid.lower().startswith(wanted)]
         return matches[0] if len(matches) == 1 else None
@@ -392,7 +433,7 @@ def _nvml_gpus() -> list[_Found] | None:
         for index in range(pynvml.nvmlDeviceGetCount()):
             handle = pynvml.nvmlDeviceGetHandleByIndex(index)
             name = library_text(pynvml.nvmlDeviceGetName(handle))
-            memory = int(pynvml.nvmlDeviceGetMemoryInfo(handle).total)
+            memory = _bytes(int(pynvml.nvmlDeviceGetMemoryInfo(handle).total), "NVML")
             major, minor = pynvml.nvmlDeviceGetCudaComputeCapability(handle)
             try:
                 uuid: str | None = library_text(pynvml.nvmlDeviceGetUUID(handle))
@@ -563,7 +604,7 @@ def _kfd_gpus(root: Path) -> list[_Found]:
         unique_id = _prop_int(props, "unique_id")
         info = DeviceInfo(
             name=name,
-            total_memory=_kfd_memory(node),
+            total_memory=_bytes(_kfd_memory(node), node),
             capability=capability,
             arch=arch,
             vendor="AMD",
@@ -598,11 +639,15 @@ def _amdsmi_gpus() -> list[_Found] | None:
             if isinstance(target, str) and target.startswith("gfx"):
                 arch = target
                 digits = target[3:]
-                if len(digits) >= 3 and digits[:-2].isdigit():
-                    capability = DeviceCapability.parse((int(digits[:-2]), int(digits[-2], 16)))
+                major = _decimal(digits[:-2]) if len(digits) >= 3 else None
+                if major is not None and digits[-2] in "0123456789abcdef":
+                    capability = DeviceCapability.parse((major, int(digits[-2], 16)))
             elif isinstance(target, int) and target > 0:
                 arch, capability = _gfx_arch(target)
-            memory = int(amdsmi.amdsmi_get_gpu_memory_total(handle, amdsmi.AmdSmiMemoryType.VRAM))
+            memory = _bytes(
+                int(amdsmi.amdsmi_get_gpu_memory_total(handle, amdsmi.AmdSmiMemoryType.VRAM)),
+                "amdsmi",
+            )
             name = str(asic.get("market_name") or _amd_name(None, arch or "", ""))
             info = DeviceInfo(
                 name=name, total_memory=memory, capability=capability, arch=arch, vendor="AMD"
@@ -719,7 +764,9 @@ def probe_habana(
         env_map,
         "HABANA_VISIBLE_MODULES",
         lambda entry: (
-            modules.index(int(entry)) if entry.isdigit() and int(entry) in modules else None
+            modules.index(number)
+            if (number := _decimal(entry)) is not None and number in modules
+            else None
         ),
     )
     logger.debug("habana: %d device(s) found, %d visible", len(found), len(visible))
@@ -802,8 +849,10 @@ def _intel_local_memory(fn: _PciFunction) -> int:
 def _intel_affinity_resolver(entry: str) -> int | None:
     # "N" is device N; "N.M" is sub-device (tile) M of device N, which
     # selects device N here (hwplug counts cards, not tiles).
-    match = re.fullmatch(r"(\d+)(?:\.\d+)?", entry)
-    return int(match.group(1)) if match else None
+    card, dot, tile = entry.partition(".")
+    if dot and _decimal(tile) is None:
+        return None
+    return _decimal(card)
 
 
 def probe_intel_gpu(
@@ -830,7 +879,7 @@ def probe_intel_gpu(
             )
             continue
         arch = _intel_family(fn.device)
-        memory = _intel_local_memory(fn)
+        memory = _bytes(_intel_local_memory(fn), fn.address)
         if not memory and arch is None:
             logger.debug(
                 "intel: pci %s device %#06x has no device-local memory (integrated); skipped",
@@ -934,13 +983,19 @@ def _host_memory() -> int:
     return int(psutil.virtual_memory().total)
 
 
-def _expand_node_ranges(value: str) -> str:
-    """``"0-2,5"`` -> ``"0,1,2,5"``; a malformed range stays as an invalid entry."""
+def _expand_node_ranges(value: str, highest: int) -> str:
+    """``"0-2,5"`` -> ``"0,1,2,5"``; a malformed range stays as an invalid entry.
+
+    A range is expanded no further than one past ``highest`` (the last node
+    that exists), where the list would end anyway: ``0-99999999`` costs nothing.
+    """
     parts: list[str] = []
     for part in value.split(","):
-        match = re.fullmatch(r"\s*(\d+)\s*-\s*(\d+)\s*", part)
+        match = re.fullmatch(r"\s*([0-9]{1,18})\s*-\s*([0-9]{1,18})\s*", part)
         if match and int(match.group(1)) <= int(match.group(2)):
-            parts.extend(str(n) for n in range(int(match.group(1)), int(match.group(2)) + 1))
+            first = int(match.group(1))
+            last = max(first, min(int(match.group(2)), highest + 1))
+            parts.extend(str(n) for n in range(first, last + 1))
         else:
             parts.append(part)
     return ",".join(parts)
@@ -960,12 +1015,14 @@ def cpu_numa_nodes(
     var = "CPU_VISIBLE_MEMORY_NODES"
     view: Mapping[str, str] = env_map
     if env_map.get(var):
-        view = {var: _expand_node_ranges(env_map[var])}
+        view = {var: _expand_node_ranges(env_map[var], max(nodes, default=-1))}
     visible = _apply_visibility(
         nodes,
         view,
         var,
-        lambda entry: nodes.index(int(entry)) if entry.isdigit() and int(entry) in nodes else None,
+        lambda entry: (
+            nodes.index(number) if (number := _decimal(entry)) is not None and number in nodes else None
+        ),
         empty_means_all=True,
     )
     logger.debug("cpu: NUMA nodes %s, visible %s", nodes, visible)

@@ -62,6 +62,7 @@ class XpuPlatform(BuiltinPlatform):
     """Device names without bfloat16: the Arc A-series (Alchemist client GPUs)."""
 
     supports_device_graphs = False
+    mla_without_chunked_prefill = True
     default_compilation_level = 3
     max_compilation_level = 3
     representative_profile = "max-1550"
@@ -109,6 +110,7 @@ class XpuPlatform(BuiltinPlatform):
             changes.record(
                 "compilation.compile_sizes", [], "no size-specialised compilation on xpu"
             )
+        self.apply_mla_rules(config, changes)
         world = config.parallel.world_size
         executor = config.parallel.distributed_executor_backend
         if executor is None:

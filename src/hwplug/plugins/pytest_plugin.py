@@ -116,6 +116,21 @@ class HwplugSession:
             )
         return tuple(profiles)
 
+    def check_marker_names(self, nodeid: str, names: set[str]) -> None:
+        """Refuse ``hwplug_platforms`` names that are neither a platform nor a profile.
+
+        :raises pytest.UsageError: naming the test, the unknown names and the known ones.
+        """
+        platforms = set(self.manager.platform_entries())
+        known = platforms | set(self.manager.known_profiles())
+        unknown = sorted(names - known)
+        if unknown:
+            raise pytest.UsageError(
+                f"{nodeid}: @pytest.mark.{_PLATFORMS_MARKER} names unknown platform or profile "
+                f"{', '.join(map(repr, unknown))}; installed platforms: "
+                f"{', '.join(sorted(platforms))} (profiles: hwplug profiles)"
+            )
+
     def detected(self, name: str) -> Candidate | str:
         """The probe result for platform ``name``, or why it could not be probed."""
         if name not in self._detected:
@@ -220,9 +235,11 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
             names = [n.strip() for n in names.split(",")]
         if FIXTURE in names:
             return  # the test parametrises the fixture itself
-    profiles = _session(metafunc.config).profiles()
+    session = _session(metafunc.config)
+    profiles = session.profiles()
     for marker in metafunc.definition.iter_markers(_PLATFORMS_MARKER):
         wanted = {str(arg).strip().lower() for arg in marker.args}
+        session.check_marker_names(metafunc.definition.nodeid, wanted)
         profiles = tuple(
             p for p in profiles if p.platform in wanted or parse_profile_spec(p.spec)[0] in wanted
         )
