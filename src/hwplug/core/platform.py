@@ -208,7 +208,7 @@ def parse_profile_spec(spec: str) -> tuple[str, int]:
     count = ascii_decimal(count_text)
     if count is None or not 1 <= count <= MAX_DEVICES:
         raise ConfigError(
-            f"device count in profile {brief(spec)} must be an integer from 1 to "
+            f"device count in profile {brief(spec)} must be a positive integer up to "
             f"{MAX_DEVICES}, as in 'h100:8'"
         )
     return name, count

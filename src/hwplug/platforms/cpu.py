@@ -12,9 +12,9 @@ import math
 import os
 from typing import TYPE_CHECKING, ClassVar
 
-from hwplug.core.errors import ConfigError
+from hwplug.core.errors import ConfigError, brief
 from hwplug.core.hookspecs import hookimpl
-from hwplug.core.platform import DeviceInfo, GiB, Platform, canonical_dtype
+from hwplug.core.platform import MAX_MEMORY, DeviceInfo, GiB, Platform, canonical_dtype
 from hwplug.platforms._common import (
     BuiltinPlatform,
     fill_unset,
@@ -30,6 +30,8 @@ __all__ = ["KVCACHE_SPACE_ENV", "CpuPlatform", "hwplug_platforms"]
 
 KVCACHE_SPACE_ENV = "HWPLUG_CPU_KVCACHE_SPACE"
 """Environment variable: the CPU KV-cache space in GiB (a positive number)."""
+MIN_KVCACHE_SPACE = 1 << 20
+"""The smallest KV-cache space ``HWPLUG_CPU_KVCACHE_SPACE`` may give, in bytes (1 MiB)."""
 
 
 class CpuPlatform(BuiltinPlatform):
@@ -65,6 +67,16 @@ class CpuPlatform(BuiltinPlatform):
     max_compilation_level = 3
     representative_profile = "cpu-generic"
 
+    mla_without_chunked_prefill = True
+    min_compiling_level: ClassVar[int] = 2
+    """Lowest compilation level at which Inductor compiles (and custom ops are turned off)."""
+    inductor_defaults: ClassVar[dict[str, bool]] = {
+        "dce": True,
+        "epilogue_fusion": True,
+        "size_asserts": False,
+        "nan_asserts": False,
+    }
+    """Inductor options filled in (where unset) when the backend is ``inductor``."""
     default_kvcache_space_gib: ClassVar[float] = 4.0
     """KV-cache space when neither the config nor ``HWPLUG_CPU_KVCACHE_SPACE`` says."""
     compile_backend: ClassVar[str] = "inductor"
@@ -186,12 +198,14 @@ class CpuPlatform(BuiltinPlatform):
             gib = float(raw)
         except ValueError:
             gib = math.nan
-        if not math.isfinite(gib) or gib <= 0:
+        space = gib * GiB
+        if not math.isfinite(space) or not MIN_KVCACHE_SPACE <= space <= MAX_MEMORY:
             raise ConfigError(
-                f"{KVCACHE_SPACE_ENV}={raw!r} is not a valid KV-cache size: it must be a "
-                "positive number of GiB, such as 4 or 0.5"
+                f"{KVCACHE_SPACE_ENV}={brief(raw)} is not a valid KV-cache size: it must be a "
+                f"positive number of GiB from 1 MiB ({MIN_KVCACHE_SPACE / GiB}) up to "
+                f"{MAX_MEMORY // GiB} (2**60 bytes), such as 4 or 0.5"
             )
-        return int(gib * GiB), f"{KVCACHE_SPACE_ENV}={raw} GiB"
+        return int(space), f"{KVCACHE_SPACE_ENV}={raw} GiB"
 
     def kv_cache_budget_bytes(self, config: EngineConfig, used_bytes: int = 0) -> int:
         """``cache.cpu_kvcache_space_bytes`` (else the environment's): a dedicated budget.
@@ -233,13 +247,26 @@ class CpuPlatform(BuiltinPlatform):
             self.compile_backend,
             f"{device} compiles with {self.compile_backend}",
         )
-        if comp.use_inductor:
+        compiles = (comp.level or 0) >= self.min_compiling_level
+        if comp.use_inductor and compiles:
             fill_unset(
                 changes,
                 "compilation.custom_ops",
                 ["none"],
                 "Inductor generates the CPU kernels: custom ops off",
             )
+        if comp.backend == "inductor":
+            options = dict(comp.inductor_compile_config)
+            added = {k: v for k, v in self.inductor_defaults.items() if k not in options}
+            if added:
+                changes.record(
+                    "compilation.inductor_compile_config",
+                    {**options, **added},
+                    "Inductor on the CPU: "
+                    + ", ".join(f"{k}={v}" for k, v in added.items())
+                    + " (options the config left unset)",
+                )
+        self.apply_mla_rules(config, changes)
 
         world = config.parallel.world_size
         if world > 1:
