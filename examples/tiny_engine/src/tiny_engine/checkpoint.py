@@ -1,0 +1,298 @@
+"""Reading a Hugging Face checkpoint directory: its shape, its rotary embedding, its weights.
+
+A checkpoint is ``config.json`` plus one ``model.safetensors`` or several
+shards listed by ``model.safetensors.index.json``; ``generation_config.json``,
+when present, names the end-of-sequence token(s). Both spellings of the rotary
+settings are read: ``rope_theta`` + ``rope_scaling`` (checkpoints written by
+transformers 4.x, as on the Hub) and ``rope_parameters`` (transformers 5).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+
+__all__ = [
+    "ARCHITECTURES",
+    "ROPE_TYPES",
+    "CheckpointError",
+    "ModelSpec",
+    "RopeSpec",
+    "iter_weights",
+    "read_checkpoint",
+]
+
+ARCHITECTURES: dict[str, str] = {
+    "LlamaForCausalLM": "llama",
+    "Qwen2ForCausalLM": "qwen2",
+    "Qwen3ForCausalLM": "qwen3",
+}
+"""The ``architectures`` this engine serves -> its name for the model family."""
+
+ROPE_TYPES: tuple[str, ...] = ("default", "linear", "llama3")
+"""Rotary scalings served (``dynamic`` NTK rescales per batch; it and ``yarn`` are not)."""
+
+_MAX_JSON_BYTES = 4 << 20
+
+
+class CheckpointError(ValueError):
+    """The checkpoint directory cannot be served: missing files, bad JSON, unsupported model."""
+
+
+@dataclasses.dataclass(frozen=True)
+class RopeSpec:
+    """The rotary embedding: base ``theta``, scaling ``rope_type`` and its parameters."""
+
+    theta: float = 10000.0
+    rope_type: str = "default"
+    factor: float = 1.0
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+    original_max_position_embeddings: int | None = None
+
+    def inv_freq(self, head_dim: int, max_position_embeddings: int) -> torch.Tensor:
+        """The inverse frequencies, ``[head_dim // 2]`` float32.
+
+        The same arithmetic as transformers' rope initialisers, so fp32 models
+        agree to the last bit.
+        """
+        import torch
+
+        exponent = torch.arange(0, head_dim, 2, dtype=torch.int64).to(torch.float32) / head_dim
+        base = 1.0 / (self.theta**exponent)
+        if self.rope_type == "default":
+            return base
+        if self.rope_type == "linear":
+            return base / self.factor
+        if self.rope_type == "llama3":
+            original = self.original_max_position_embeddings or max_position_embeddings
+            low_wavelen = original / self.low_freq_factor
+            high_wavelen = original / self.high_freq_factor
+            wavelen = 2 * math.pi / base
+            scaled = torch.where(wavelen > low_wavelen, base / self.factor, base)
+            smooth = (original / wavelen - self.low_freq_factor) / (
+                self.high_freq_factor - self.low_freq_factor
+            )
+            smoothed = (1 - smooth) * scaled / self.factor + smooth * scaled
+            medium = ~(wavelen < high_wavelen) * ~(wavelen > low_wavelen)
+            return torch.where(medium, smoothed, scaled)
+        raise CheckpointError(f"rope type {self.rope_type!r} is not supported")
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelSpec:
+    """What the engine needs to know about a checkpoint's model.
+
+    ``sliding_windows`` has one entry per layer (None: full attention);
+    ``eos_token_ids`` are the tokens that end a generation.
+    """
+
+    path: Path
+    architecture: str
+    family: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    max_position_embeddings: int
+    rope: RopeSpec
+    tie_word_embeddings: bool
+    qkv_bias: bool
+    o_bias: bool
+    mlp_bias: bool
+    qk_norm: bool
+    sliding_windows: tuple[int | None, ...]
+    eos_token_ids: tuple[int, ...]
+    checkpoint_dtype: str | None
+
+    @property
+    def sliding_window(self) -> int | None:
+        """The window when every layer slides, else None (some or all see everything)."""
+        windows = set(self.sliding_windows)
+        if len(windows) == 1:
+            return next(iter(windows))
+        return None
+
+
+def _read_json(path: Path, what: str) -> dict[str, Any]:
+    try:
+        with path.open("rb") as stream:
+            raw = stream.read(_MAX_JSON_BYTES + 1)
+    except OSError as exc:
+        raise CheckpointError(f"{path}: cannot read {what}: {exc.strerror or exc}") from exc
+    if len(raw) > _MAX_JSON_BYTES:
+        raise CheckpointError(f"{path}: {what} is larger than {_MAX_JSON_BYTES >> 20} MiB")
+    try:
+        data = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise CheckpointError(f"{path}: {what} is not valid JSON ({exc})") from exc
+    if not isinstance(data, dict):
+        raise CheckpointError(f"{path}: {what} must hold a JSON object")
+    return data
+
+
+def _int(config: dict[str, Any], key: str, path: Path, default: int | None = None) -> int:
+    value = config.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise CheckpointError(f"{path}: {key} must be a positive integer, got {value!r}")
+    return value
+
+
+def _eos_ids(value: Any, path: Path) -> tuple[int, ...]:
+    if value is None:
+        return ()
+    values = value if isinstance(value, list) else [value]
+    if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in values):
+        raise CheckpointError(f"{path}: eos_token_id must be a token id or a list of them")
+    return tuple(values)
+
+
+def _rope(config: dict[str, Any], path: Path) -> RopeSpec:
+    params = config.get("rope_parameters")
+    if isinstance(params, dict):
+        # transformers 5: one dict; per-layer-type dicts are not used by these models
+        scaling: dict[str, Any] = dict(params)
+        theta = scaling.get("rope_theta", config.get("rope_theta", 10000.0))
+    else:
+        scaling = dict(config.get("rope_scaling") or {})
+        theta = config.get("rope_theta", 10000.0)
+    rope_type = scaling.get("rope_type", scaling.get("type", "default"))
+    if rope_type not in ROPE_TYPES:
+        raise CheckpointError(
+            f"{path}: rope scaling {rope_type!r} is not supported; supported: "
+            f"{', '.join(ROPE_TYPES)}"
+        )
+    if not isinstance(theta, (int, float)) or isinstance(theta, bool) or theta <= 0:
+        raise CheckpointError(f"{path}: rope_theta must be a positive number, got {theta!r}")
+    fields = {f.name for f in dataclasses.fields(RopeSpec)}
+    extra = {k: v for k, v in scaling.items() if k in fields and v is not None}
+    try:
+        return RopeSpec(**{**extra, "theta": float(theta), "rope_type": rope_type})
+    except TypeError as exc:
+        raise CheckpointError(f"{path}: malformed rope scaling {scaling!r}: {exc}") from exc
+
+
+def _sliding_windows(config: dict[str, Any], family: str, layers: int) -> tuple[int | None, ...]:
+    window = config.get("sliding_window")
+    layer_types = config.get("layer_types")
+    if isinstance(layer_types, list) and len(layer_types) == layers:
+        return tuple(window if kind == "sliding_attention" else None for kind in layer_types)
+    if family == "llama" or not config.get("use_sliding_window", False) or window is None:
+        return (None,) * layers
+    first = config.get("max_window_layers", layers)
+    return tuple(window if i >= first else None for i in range(layers))
+
+
+def read_checkpoint(directory: str | Path) -> ModelSpec:
+    """The :class:`ModelSpec` of a checkpoint directory.
+
+    :raises CheckpointError: the directory or ``config.json`` is missing or
+        malformed, the architecture is not one of :data:`ARCHITECTURES`, or
+        the model uses something this engine does not implement.
+    """
+    path = Path(directory)
+    if not path.is_dir():
+        raise CheckpointError(f"{path}: not a checkpoint directory (it does not exist)")
+    config_path = path / "config.json"
+    if not config_path.is_file():
+        raise CheckpointError(f"{path}: no config.json; expected a Hugging Face checkpoint")
+    config = _read_json(config_path, "config.json")
+    archs = config.get("architectures") or []
+    arch = next((a for a in archs if a in ARCHITECTURES), None)
+    if arch is None:
+        raise CheckpointError(
+            f"{config_path}: unsupported architecture {archs!r}; supported: "
+            f"{', '.join(ARCHITECTURES)}"
+        )
+    family = ARCHITECTURES[arch]
+    act = config.get("hidden_act", "silu")
+    if act != "silu":
+        raise CheckpointError(f"{config_path}: hidden_act {act!r} is not supported (only silu)")
+    hidden = _int(config, "hidden_size", config_path)
+    heads = _int(config, "num_attention_heads", config_path)
+    kv_heads = _int(config, "num_key_value_heads", config_path, heads)
+    if heads % kv_heads:
+        raise CheckpointError(
+            f"{config_path}: num_attention_heads={heads} is not a multiple of "
+            f"num_key_value_heads={kv_heads}"
+        )
+    head_dim = config.get("head_dim") or hidden // heads
+    layers = _int(config, "num_hidden_layers", config_path)
+    attention_bias = bool(config.get("attention_bias", False))
+
+    gen_path = path / "generation_config.json"
+    eos: tuple[int, ...] = ()
+    if gen_path.is_file():
+        eos = _eos_ids(_read_json(gen_path, "generation_config.json").get("eos_token_id"), gen_path)
+    if not eos:
+        eos = _eos_ids(config.get("eos_token_id"), config_path)
+    dtype = config.get("dtype", config.get("torch_dtype"))
+
+    return ModelSpec(
+        path=path,
+        architecture=arch,
+        family=family,
+        vocab_size=_int(config, "vocab_size", config_path),
+        hidden_size=hidden,
+        intermediate_size=_int(config, "intermediate_size", config_path),
+        num_layers=layers,
+        num_heads=heads,
+        num_kv_heads=kv_heads,
+        head_dim=int(head_dim),
+        rms_norm_eps=float(config.get("rms_norm_eps", 1e-6)),
+        max_position_embeddings=_int(config, "max_position_embeddings", config_path, 2048),
+        rope=_rope(config, config_path),
+        tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
+        qkv_bias=True if family == "qwen2" else attention_bias,
+        o_bias=False if family == "qwen2" else attention_bias,
+        mlp_bias=bool(config.get("mlp_bias", False)),
+        qk_norm=family == "qwen3",
+        sliding_windows=_sliding_windows(config, family, layers),
+        eos_token_ids=eos,
+        checkpoint_dtype=dtype if isinstance(dtype, str) else None,
+    )
+
+
+def weight_files(directory: Path) -> list[Path]:
+    """The checkpoint's safetensors files: the index's shards, else every ``*.safetensors``.
+
+    :raises CheckpointError: no weights, or the index names a missing shard.
+    """
+    index = directory / "model.safetensors.index.json"
+    if index.is_file():
+        weight_map = _read_json(index, "model.safetensors.index.json").get("weight_map")
+        if not isinstance(weight_map, dict):
+            raise CheckpointError(f"{index}: no weight_map")
+        files = [directory / name for name in sorted(set(weight_map.values()))]
+        missing = [f.name for f in files if not f.is_file()]
+        if missing:
+            raise CheckpointError(f"{index}: missing shard(s) {', '.join(missing)}")
+        return files
+    files = sorted(directory.glob("*.safetensors"))
+    if not files:
+        raise CheckpointError(f"{directory}: no *.safetensors weights")
+    return files
+
+
+def iter_weights(directory: str | Path) -> Iterator[tuple[str, torch.Tensor]]:
+    """Every tensor of the checkpoint as ``(name, tensor)``, shard by shard, on CPU."""
+    from safetensors import SafetensorError, safe_open
+
+    for file in weight_files(Path(directory)):
+        try:
+            with safe_open(str(file), framework="pt") as reader:
+                for name in reader.keys():  # noqa: SIM118 (safe_open has no __iter__)
+                    yield name, reader.get_tensor(name)
+        except SafetensorError as exc:
+            raise CheckpointError(f"{file}: unreadable safetensors file ({exc})") from exc

@@ -1,0 +1,426 @@
+"""``LLM``: a checkpoint served on the platform hwplug resolves.
+
+Construction walks the whole life of an engine on hwplug:
+
+1. read the checkpoint's ``config.json`` and fill the model section of the
+   engine config from it (a contradicting user value is a ``ConfigError``);
+2. ``hwplug.resolve`` the config for the platform (names, profiles, or the
+   detected one): block size, dtypes, compilation level, graph mode, attention
+   backend and KV-cache budget come back decided and explained;
+3. build the model in the resolved dtype on the platform's device, its
+   attention layers on the resolved backend, and load the weights;
+4. compile as ``compilation.level`` says, run a profile step, measure the
+   memory in use with the platform's runtime services, and size the KV cache
+   with ``hwplug.core.kv_cache.num_blocks``;
+5. allocate one key and one value cache per layer in the resolved cache
+   dtype, then capture the graphs the ``GraphDispatcher`` can ask for.
+
+``generate`` then schedules continuously (:mod:`tiny_engine.scheduler`) and
+samples greedily or with a seeded temperature.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+import hwplug
+from hwplug import ConfigError
+from hwplug.core.config import EngineConfig, ModelConfig
+from hwplug.core.kv_cache import (
+    STR_DTYPE_TO_TORCH_DTYPE,
+    cache_dtype_to_torch,
+    hash_function,
+    num_blocks,
+)
+from hwplug.core.platform import Platform
+from tiny_engine import attention as attn
+from tiny_engine.blocks import BlockPool
+from tiny_engine.checkpoint import ModelSpec, iter_weights, read_checkpoint
+from tiny_engine.model import CausalLM, load_weights
+from tiny_engine.runner import ModelRunner
+from tiny_engine.scheduler import Scheduler
+from tiny_engine.scheduler import Sequence as Seq
+
+__all__ = ["DEFAULT_ATTENTION_BACKEND", "LLM", "engine_config_for"]
+
+DEFAULT_ATTENTION_BACKEND = "torch"
+"""Used while the resolved config names no attention backend (an hwplug without SPEC 12)."""
+
+_FP8 = ("fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc")
+
+
+def _as_config(config: EngineConfig | Mapping[str, Any] | None) -> EngineConfig:
+    if config is None:
+        return EngineConfig()
+    if isinstance(config, EngineConfig):
+        return config.copy()
+    if isinstance(config, Mapping):
+        return EngineConfig.from_dict(config)
+    raise ConfigError(
+        f"LLM(config=...) takes an EngineConfig or a dict of sections, got {type(config).__name__}"
+    )
+
+
+def engine_config_for(
+    spec: ModelSpec, config: EngineConfig | Mapping[str, Any] | None = None
+) -> EngineConfig:
+    """``config`` with its model section filled from the checkpoint (a new object).
+
+    The checkpoint's shape (layers, heads, head size, hidden size, sliding
+    window) is copied in; a value the user gave that differs is a
+    ``ConfigError``. ``max_model_len`` is the checkpoint's
+    ``max_position_embeddings`` unless the user gave a value that is not larger.
+    The user's other model fields (``dtype``, ``enforce_eager``) stay as given.
+    """
+    cfg = _as_config(config)
+    model = cfg.model
+    given = model.given_fields()
+    where = f"{spec.path / 'config.json'}"
+    shape = {
+        "num_layers": (spec.num_layers, "num_hidden_layers"),
+        "num_attention_heads": (spec.num_heads, "num_attention_heads"),
+        "num_kv_heads": (spec.num_kv_heads, "num_key_value_heads"),
+        "head_size": (spec.head_dim, "head_dim"),
+        "hidden_size": (spec.hidden_size, "hidden_size"),
+        "sliding_window": (spec.sliding_window, "sliding_window"),
+        "is_attention_free": (False, "architectures"),
+        "use_mla": (False, "architectures"),
+    }
+    for name, (value, source) in shape.items():
+        if name in given and getattr(model, name) != value:
+            raise ConfigError(
+                f"model.{name}={getattr(model, name)!r} contradicts the checkpoint, whose "
+                f"{source} gives {value!r} ({where}); leave model.{name} unset"
+            )
+    values = {name: getattr(model, name) for name in given}
+    values.update({name: value for name, (value, _) in shape.items()})
+    longest = spec.max_position_embeddings
+    if "max_model_len" in given:
+        if model.max_model_len > longest:
+            raise ConfigError(
+                f"model.max_model_len={model.max_model_len} is longer than the checkpoint's "
+                f"max_position_embeddings={longest} ({where}); use at most {longest}"
+            )
+    else:
+        values["max_model_len"] = longest
+    cfg.model = ModelConfig(**values)
+    return cfg
+
+
+class LLM:
+    """A Llama/Qwen2/Qwen3 checkpoint served on hwplug.
+
+    :param model: a local Hugging Face checkpoint directory.
+    :param config: an ``EngineConfig`` or a dict of sections; its model
+        section is filled from the checkpoint.
+    :param platform: a platform name or profile (``"h100"``), a ``Platform``,
+        or None for the current platform.
+    :param device: where tensors live; by default the platform's device. A
+        simulated platform runs its resolved configuration on ``"cpu"`` this way
+        (a testing aid: graphs are then captured with a CPU graph backend).
+    :raises hwplug.ConfigError: the configuration cannot run here.
+    :raises tiny_engine.CheckpointError: the checkpoint cannot be served.
+    """
+
+    def __init__(
+        self,
+        model: str | Path,
+        *,
+        config: EngineConfig | Mapping[str, Any] | None = None,
+        platform: str | Platform | None = None,
+        device: str | torch.device | None = None,
+    ) -> None:
+        self.spec = read_checkpoint(model)
+        self.resolution = hwplug.resolve(engine_config_for(self.spec, config), platform=platform)
+        self.config: EngineConfig = self.resolution.config
+        self.platform: Platform = self.resolution.platform
+        self.device = self._device(device)
+        # Device calls only where the platform really drives the device the tensors live on.
+        self._live = not self.platform.simulated and self.device.type == self.platform.device_type
+        self.dtype = STR_DTYPE_TO_TORCH_DTYPE[self.config.model.dtype]
+        self.cache_dtype = cache_dtype_to_torch(
+            self.config.cache.cache_dtype, self.config.model.dtype, self.platform
+        )
+        attention = getattr(self.config, "attention", None)
+        self.attention_backend: str = (
+            getattr(attention, "backend", None) or DEFAULT_ATTENTION_BACKEND
+        )
+        self._stats: dict[str, Any] = {
+            "prefix_cache_hits": 0,
+            "preemptions": 0,
+            "prompt_tokens": 0,
+            "generated_tokens": 0,
+            "steps": 0,
+            "generate_seconds": 0.0,
+        }
+        self._layer_keys: list[str] = []
+        with hwplug.use_platform(self.platform), torch.inference_mode():
+            self._build()
+
+    # -- construction -------------------------------------------------------------------
+    def _device(self, device: str | torch.device | None) -> torch.device:
+        if device is not None:
+            try:
+                return torch.device(device)
+            except (RuntimeError, TypeError) as exc:
+                raise ConfigError(f"LLM(device={device!r}) is not a torch device: {exc}") from exc
+        plat = self.platform
+        if plat.simulated and plat.device_type != "cpu":
+            raise ConfigError(
+                f"the {plat.name} platform is simulated (profile {plat.profile!r}); there is "
+                "no device to run on: pass device='cpu' to run its resolved configuration "
+                "on CPU tensors, or run on the real hardware"
+            )
+        result = plat.torch_device(0)
+        if self._device_is_live(plat, result):
+            plat.set_device(0)
+        return result
+
+    @staticmethod
+    def _device_is_live(plat: Platform, device: torch.device) -> bool:
+        return not plat.simulated and device.type == plat.device_type
+
+    def _build(self) -> None:
+        cfg, spec, plat = self.config, self.spec, self.platform
+        if self._live:
+            plat.seed_everything(0)
+        self.context = attn.StepContext()
+        backend = attn.backend_class(self.attention_backend)
+        engine_id = attn.new_engine_id()
+        self._layer_keys = [
+            attn.make_layer(
+                backend,
+                self.context,
+                num_heads=spec.num_heads,
+                head_size=spec.head_dim,
+                num_kv_heads=spec.num_kv_heads,
+                sliding_window=spec.sliding_windows[i],
+                cache_dtype=self.cache_dtype,
+                engine_id=engine_id,
+                layer=i,
+            )
+            for i in range(spec.num_layers)
+        ]
+        default_dtype = torch.get_default_dtype()
+        torch.set_default_dtype(self.dtype)
+        try:
+            with torch.device(self.device):
+                self.model = CausalLM(spec, self._layer_keys, cfg.model.max_model_len)
+        finally:
+            torch.set_default_dtype(default_dtype)
+        load_weights(self.model, iter_weights(spec.path))
+        self.model.eval().requires_grad_(False)
+        self.memory: dict[str, int] = {"after_load": self._memory_in_use()}
+
+        self.runner = ModelRunner(self.model, cfg, plat, self.device, self.context)
+        self.runner.profile_run(cfg.scheduler.max_num_batched_tokens)
+        if self.runner.compiled is not self.model:
+            self.runner.profile_run(1)  # compile the one-token shape now, not while serving
+        self.memory["after_profile"] = self._memory_in_use()
+        used = max(self.memory.values())
+
+        budget_blocks = num_blocks(cfg, plat, used_bytes=used)
+        block_size = int(cfg.cache.block_size or 16)
+        per_sequence = math.ceil(cfg.model.max_model_len / block_size)
+        if budget_blocks < per_sequence:
+            raise ConfigError(
+                f"the KV cache has {budget_blocks} blocks of {block_size} tokens, but one "
+                f"sequence of model.max_model_len={cfg.model.max_model_len} tokens needs "
+                f"{per_sequence}; raise cache.num_gpu_blocks_override (or the KV-cache "
+                "memory) or lower model.max_model_len"
+            )
+        # More blocks than every admissible sequence at full length could use are never touched.
+        blocks = min(budget_blocks, cfg.scheduler.max_num_seqs * per_sequence)
+        self.budget_blocks = budget_blocks
+        self.num_blocks = blocks
+        self._allocate_cache(blocks, block_size)
+
+        algo = cfg.cache.prefix_caching_hash_algo
+        self.pool = BlockPool(
+            blocks,
+            block_size,
+            hash_fn=hash_function(algo) if cfg.cache.enable_prefix_caching else None,
+        )
+        start = time.perf_counter()
+        self.captured = self.runner.capture()
+        self.capture_seconds = time.perf_counter() - start
+        if self._live:
+            plat.synchronize()
+
+    def _allocate_cache(self, blocks: int, block_size: int) -> None:
+        spec = self.spec
+        shape = (blocks, block_size, spec.num_kv_heads, spec.head_dim)
+        fp8 = self.config.cache.cache_dtype in _FP8
+        for key in self._layer_keys:
+            state = attn.layer_state(key)
+            state.key_cache = torch.zeros(shape, dtype=self.cache_dtype, device=self.device)
+            state.value_cache = torch.zeros(shape, dtype=self.cache_dtype, device=self.device)
+            if fp8:
+                state.k_scale = torch.ones((), dtype=torch.float32, device=self.device)
+                state.v_scale = torch.ones((), dtype=torch.float32, device=self.device)
+                state.scales_pending = bool(self.config.cache.calculate_kv_scales)
+
+    def _memory_in_use(self) -> int:
+        """Bytes this process holds on the device (0 where the device is not real)."""
+        if not self._live:
+            return 0
+        self.platform.synchronize()
+        return int(self.platform.get_current_memory_usage(0))
+
+    def __del__(self) -> None:
+        attn.release_layers(getattr(self, "_layer_keys", []))
+
+    # -- generation -------------------------------------------------------------------------
+    def _check_prompts(self, prompts: Sequence[Sequence[int]], max_tokens: int) -> None:
+        if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
+            raise ValueError(f"max_tokens must be a positive integer, got {max_tokens!r}")
+        if isinstance(prompts, (str, bytes)) or not isinstance(prompts, Sequence):
+            raise ValueError("prompts must be a list of token-id lists")
+        limit = self.config.model.max_model_len
+        vocab = self.spec.vocab_size
+        for i, prompt in enumerate(prompts):
+            if isinstance(prompt, (str, bytes)) or not isinstance(prompt, Sequence):
+                raise ValueError(f"prompt {i} must be a list of token ids")
+            if not prompt:
+                raise ValueError(f"prompt {i} is empty; every prompt needs at least one token")
+            for t in prompt:
+                if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab:
+                    raise ValueError(
+                        f"prompt {i}: token {t!r} is not a token id of this model "
+                        f"(0 .. {vocab - 1})"
+                    )
+            if len(prompt) >= limit:
+                raise ValueError(
+                    f"prompt {i} has {len(prompt)} tokens; model.max_model_len={limit} leaves "
+                    f"room for prompts of at most {limit - 1}"
+                )
+
+    def generate(
+        self,
+        prompts: Sequence[Sequence[int]],
+        *,
+        max_tokens: int,
+        temperature: float = 0.0,
+        seed: int | None = None,
+        ignore_eos: bool = False,
+    ) -> list[list[int]]:
+        """Generate up to ``max_tokens`` tokens for each prompt (lists of token ids).
+
+        Greedy at ``temperature`` 0; otherwise sampled from the softmax of the
+        logits divided by ``temperature``, each prompt with its own generator
+        seeded from ``seed`` and its position, so a seed gives the same tokens
+        however the batch is scheduled. A sequence stops after an end-of-sequence
+        token (included in its output) unless ``ignore_eos``, or at
+        ``model.max_model_len`` tokens.
+
+        :raises ValueError: an empty prompt, a token outside the vocabulary, a
+            prompt too long for ``model.max_model_len``, a bad ``max_tokens``
+            or ``temperature``.
+        """
+        self._check_prompts(prompts, max_tokens)
+        if not isinstance(temperature, (int, float)) or not temperature >= 0:
+            raise ValueError(f"temperature must be >= 0, got {temperature!r}")
+        scheduler = Scheduler(
+            self.pool,
+            max_num_seqs=self.config.scheduler.max_num_seqs,
+            max_num_batched_tokens=self.config.scheduler.max_num_batched_tokens,
+            chunked_prefill=bool(self.config.scheduler.enable_chunked_prefill),
+        )
+        seqs = []
+        for i, prompt in enumerate(prompts):
+            generator = None
+            if temperature > 0:
+                generator = torch.Generator()
+                base = seed if seed is not None else int(torch.randint(1 << 62, ()).item())
+                generator.manual_seed(base * 1_000_003 + i)
+            seq = Seq(i, list(prompt), len(prompt), max_tokens, generator=generator)
+            seqs.append(seq)
+            scheduler.add(seq)
+        eos = frozenset() if ignore_eos else frozenset(self.spec.eos_token_ids)
+        hits_before = self.pool.hits
+        start = time.perf_counter()
+        with hwplug.use_platform(self.platform), torch.inference_mode():
+            while scheduler.has_work:
+                step = scheduler.schedule()
+                if not step.seqs:
+                    continue  # everything that ran was preempted: schedule again
+                logits, rows = self.runner.execute(step)
+                scheduler.finish_step(step)
+                tokens = self._sample(
+                    logits, [s for s, r in zip(step.seqs, rows) if r >= 0], temperature
+                )
+                k = 0
+                for seq, row in zip(step.seqs, rows):
+                    if row < 0:
+                        continue
+                    token = tokens[k]
+                    k += 1
+                    seq.tokens.append(token)
+                    if (
+                        token in eos
+                        or seq.num_generated >= seq.max_tokens
+                        or len(seq.tokens) >= self.config.model.max_model_len
+                    ):
+                        scheduler.finish(seq)
+                self._stats["steps"] += 1
+            if self._live:
+                self.platform.synchronize()
+        stats = self._stats
+        stats["generate_seconds"] += time.perf_counter() - start
+        stats["prefix_cache_hits"] += self.pool.hits - hits_before
+        stats["preemptions"] += scheduler.preemptions
+        stats["prompt_tokens"] += sum(len(p) for p in prompts)
+        stats["generated_tokens"] += sum(s.num_generated for s in seqs)
+        return [s.output for s in seqs]
+
+    @staticmethod
+    def _sample(logits: torch.Tensor, seqs: list[Seq], temperature: float) -> list[int]:
+        if temperature == 0:
+            return [int(t) for t in logits.argmax(dim=-1).tolist()]
+        probs = torch.softmax(logits.float() / temperature, dim=-1).cpu()
+        out = []
+        for row, seq in zip(probs, seqs):
+            gen = seq.generator
+            assert isinstance(gen, torch.Generator)
+            out.append(int(torch.multinomial(row, 1, generator=gen).item()))
+        return out
+
+    # -- reporting ------------------------------------------------------------------------------
+    @property
+    def stats(self) -> dict[str, Any]:
+        """What runs and how it went: platform, backend, graphs, cache, cumulative counters."""
+        cfg, plat = self.config, self.platform
+        seconds = self._stats["generate_seconds"]
+        out: dict[str, Any] = {"platform": plat.name}
+        if plat.simulated:
+            out["profile"] = plat.profile
+        out.update(
+            {
+                "device": str(self.device),
+                "model": self.spec.architecture,
+                "dtype": cfg.model.dtype,
+                "attention_backend": self.attention_backend,
+                "compilation_level": int(cfg.compilation.level or 0),
+                "cudagraph_mode": str(cfg.compilation.cudagraph_mode),
+                "graphs_captured": len(self.captured),
+                "block_size": cfg.cache.block_size,
+                "cache_dtype": cfg.cache.cache_dtype,
+                "num_blocks": self.num_blocks,
+                "kv_cache_budget_blocks": self.budget_blocks,
+                "prefix_caching": bool(cfg.cache.enable_prefix_caching),
+                "chunked_prefill": bool(cfg.scheduler.enable_chunked_prefill),
+                "memory_in_use_bytes": max(self.memory.values()),
+                **self._stats,
+                "prompt_tokens_per_s": self._stats["prompt_tokens"] / seconds if seconds else 0.0,
+                "generated_tokens_per_s": (
+                    self._stats["generated_tokens"] / seconds if seconds else 0.0
+                ),
+            }
+        )
+        return out

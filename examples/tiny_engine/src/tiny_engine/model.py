@@ -1,0 +1,232 @@
+"""The decoder-only transformer of Llama, Qwen2 and Qwen3, written for paged attention.
+
+One ``forward(input_ids, positions)`` serves every step: the tokens of all
+sequences in the batch are laid end to end (``[num_tokens]``), and attention
+finds each sequence's keys and values in the paged KV cache through the step's
+metadata (:mod:`tiny_engine.attention`). Nothing here depends on batch
+composition, so the same graph serves prefill, decode and mixed batches, and
+``torch.compile`` sees one opaque attention op per layer.
+
+Projections are fused (q/k/v into one matrix, gate/up into one) as serving
+engines do; :func:`load_weights` fuses the checkpoint's separate matrices.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+from torch import nn
+
+from tiny_engine.attention import attention
+from tiny_engine.checkpoint import CheckpointError, ModelSpec
+
+__all__ = ["CausalLM", "load_weights"]
+
+
+class RMSNorm(nn.Module):
+    """Root-mean-square layer norm, computed in float32 as transformers does."""
+
+    def __init__(self, size: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x = x.to(torch.float32)
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x.to(dtype)
+
+
+class Rotary(nn.Module):
+    """Rotary position embedding from a precomputed float32 cos/sin table."""
+
+    def __init__(self, spec: ModelSpec, max_positions: int) -> None:
+        super().__init__()
+        inv_freq = spec.rope.inv_freq(spec.head_dim, spec.max_position_embeddings)
+        positions = torch.arange(max_positions, dtype=torch.float32)
+        freqs = positions[:, None] * inv_freq[None, :]
+        emb = torch.cat((freqs, freqs), dim=-1)
+        self.register_buffer("cos", emb.cos(), persistent=False)
+        self.register_buffer("sin", emb.sin(), persistent=False)
+
+    def forward(
+        self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        cos = self.cos[positions].to(q.dtype).unsqueeze(1)
+        sin = self.sin[positions].to(q.dtype).unsqueeze(1)
+        return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+class SelfAttention(nn.Module):
+    """Fused q/k/v projection, optional q/k norms (Qwen3), rotary, paged attention."""
+
+    def __init__(self, spec: ModelSpec, layer_index: int, rotary: Rotary, layer_key: str) -> None:
+        super().__init__()
+        self.num_heads = spec.num_heads
+        self.num_kv_heads = spec.num_kv_heads
+        self.head_dim = spec.head_dim
+        self.q_size = spec.num_heads * spec.head_dim
+        self.kv_size = spec.num_kv_heads * spec.head_dim
+        self.qkv_proj = nn.Linear(
+            spec.hidden_size, self.q_size + 2 * self.kv_size, bias=spec.qkv_bias
+        )
+        self.o_proj = nn.Linear(self.q_size, spec.hidden_size, bias=spec.o_bias)
+        self.q_norm = RMSNorm(spec.head_dim, spec.rms_norm_eps) if spec.qk_norm else None
+        self.k_norm = RMSNorm(spec.head_dim, spec.rms_norm_eps) if spec.qk_norm else None
+        self.rotary = rotary
+        self.layer_key = layer_key
+        """The name under which the engine registers this layer's cache and backend."""
+        self.sliding_window = spec.sliding_windows[layer_index]
+
+    def forward(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        qkv = self.qkv_proj(x)
+        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = q.reshape(-1, self.num_heads, self.head_dim)
+        k = k.reshape(-1, self.num_kv_heads, self.head_dim)
+        v = v.reshape(-1, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None and self.k_norm is not None:
+            q = self.q_norm(q)
+            k = self.k_norm(k)
+        q, k = self.rotary(positions, q, k)
+        out = attention(q.contiguous(), k.contiguous(), v.contiguous(), self.layer_key)
+        return self.o_proj(out.reshape(-1, self.q_size))
+
+
+class MLP(nn.Module):
+    """SwiGLU: ``down(silu(gate(x)) * up(x))`` with gate and up fused."""
+
+    def __init__(self, spec: ModelSpec) -> None:
+        super().__init__()
+        self.intermediate = spec.intermediate_size
+        self.gate_up_proj = nn.Linear(
+            spec.hidden_size, 2 * spec.intermediate_size, bias=spec.mlp_bias
+        )
+        self.down_proj = nn.Linear(spec.intermediate_size, spec.hidden_size, bias=spec.mlp_bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up_proj(x).split(self.intermediate, dim=-1)
+        return self.down_proj(nn.functional.silu(gate) * up)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, spec: ModelSpec, index: int, rotary: Rotary, layer_key: str) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
+        self.self_attn = SelfAttention(spec, index, rotary, layer_key)
+        self.post_attention_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
+        self.mlp = MLP(spec)
+
+    def forward(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.self_attn(positions, self.input_layernorm(x))
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class CausalLM(nn.Module):
+    """Embedding, decoder layers, final norm; :meth:`logits` applies the LM head.
+
+    ``layer_keys[i]`` names layer i's attention state (cache, backend) for
+    :mod:`tiny_engine.attention`.
+    """
+
+    def __init__(self, spec: ModelSpec, layer_keys: list[str], max_positions: int) -> None:
+        super().__init__()
+        self.spec = spec
+        self.embed_tokens = nn.Embedding(spec.vocab_size, spec.hidden_size)
+        # One rotary table shared by every layer (not a parameter: no weight in checkpoints).
+        rotary = Rotary(spec, max_positions)
+        self.layers = nn.ModuleList(
+            DecoderLayer(spec, i, rotary, layer_keys[i]) for i in range(spec.num_layers)
+        )
+        self.norm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
+        self.lm_head = nn.Linear(spec.hidden_size, spec.vocab_size, bias=False)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """Hidden states after the final norm, ``[num_tokens, hidden_size]``."""
+        x = self.embed_tokens(input_ids)
+        for layer in self.layers:
+            x = layer(positions, x)
+        return self.norm(x)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """float32 logits ``[rows, vocab_size]`` of the given hidden states."""
+        return self.lm_head(hidden).float()
+
+
+def _target(name: str, spec: ModelSpec) -> tuple[str, int | None] | None:
+    """The engine parameter a checkpoint tensor goes to, and its slot in a fused matrix.
+
+    Slots: 0/1/2 for q/k/v inside ``qkv_proj``, 0/1 for gate/up inside
+    ``gate_up_proj``; None when the tensor is the whole parameter. Tensors the
+    engine has no use for (rotary caches of old checkpoints) map to None.
+    """
+    if name.startswith("model."):
+        name = name[len("model.") :]
+    if name.endswith("rotary_emb.inv_freq"):
+        return None
+    for part, slot in (("q_proj", 0), ("k_proj", 1), ("v_proj", 2)):
+        if f".self_attn.{part}." in name:
+            return name.replace(part, "qkv_proj"), slot
+    for part, slot in (("gate_proj", 0), ("up_proj", 1)):
+        if f".mlp.{part}." in name:
+            return name.replace(part, "gate_up_proj"), slot
+    return name, None
+
+
+def load_weights(model: CausalLM, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+    """Copy checkpoint tensors into ``model`` (fusing q/k/v and gate/up), in its dtype.
+
+    :raises CheckpointError: a tensor the model lacks, a shape mismatch, or a
+        parameter the checkpoint does not provide (``lm_head`` may come from
+        the tied embedding).
+    """
+    spec = model.spec
+    params = dict(model.named_parameters())
+    loaded: dict[str, set[int | None]] = {}
+    q, kv = spec.num_heads * spec.head_dim, spec.num_kv_heads * spec.head_dim
+    qkv_rows = {0: (0, q), 1: (q, q + kv), 2: (q + kv, q + 2 * kv)}
+    inter = spec.intermediate_size
+    gate_up_rows = {0: (0, inter), 1: (inter, 2 * inter)}
+    with torch.no_grad():
+        for name, tensor in weights:
+            target = _target(name, spec)
+            if target is None:
+                continue
+            pname, slot = target
+            param = params.get(pname)
+            if param is None:
+                raise CheckpointError(
+                    f"{spec.path}: checkpoint tensor {name!r} has no place in a "
+                    f"{spec.architecture} with this config.json"
+                )
+            dest = param
+            if slot is not None:
+                rows = (qkv_rows if "qkv_proj" in pname else gate_up_rows)[slot]
+                dest = param[rows[0] : rows[1]]
+            if tuple(dest.shape) != tuple(tensor.shape):
+                raise CheckpointError(
+                    f"{spec.path}: checkpoint tensor {name!r} has shape {tuple(tensor.shape)}, "
+                    f"config.json implies {tuple(dest.shape)}"
+                )
+            dest.copy_(tensor.to(dest.dtype))
+            loaded.setdefault(pname, set()).add(slot)
+        if "lm_head.weight" not in loaded and spec.tie_word_embeddings:
+            model.lm_head.weight = model.embed_tokens.weight
+            loaded["lm_head.weight"] = {None}
+    slots_needed = {"qkv_proj": {0, 1, 2}, "gate_up_proj": {0, 1}}
+    missing = []
+    for pname in params:
+        needed = next((s for key, s in slots_needed.items() if key in pname), {None})
+        if not needed <= loaded.get(pname, set()):
+            missing.append(pname)
+    if missing:
+        raise CheckpointError(
+            f"{spec.path}: the checkpoint lacks {len(missing)} weight(s) the model needs, "
+            f"such as {missing[0]!r}"
+        )

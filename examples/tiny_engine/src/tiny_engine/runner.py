@@ -1,0 +1,307 @@
+"""Running one scheduled step on the device: inputs, graph dispatch, forward, logits.
+
+The runner owns the persistent input buffers (token ids, positions, slots and
+the attention metadata), sized once for the largest step, so that every step
+and every captured graph reads the same memory: a step writes its inputs
+there, pads them to the graph key the :class:`~hwplug.core.graphs.GraphDispatcher`
+chose, and runs the model eagerly, compiled, or by replaying a captured graph.
+
+Compilation follows ``compilation.level``: 0 runs eagerly; 1 and 2 wrap the
+model in ``torch.compile`` with the resolved backend (``init_backend()``); 3
+uses hwplug's piecewise backend, which splits the graph at the attention op
+and wraps each compiled piece in the platform's graph wrapper. FULL graphs wrap
+the whole (compiled) model in the platform's graph wrapper.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from hwplug.core.config import CUDAGraphMode, EngineConfig
+from hwplug.core.graphs import (
+    BatchDescriptor,
+    GraphBackend,
+    GraphDispatcher,
+    RecordingGraphBackend,
+    capture_graphs,
+    current_graph_context,
+    graph_context,
+)
+from hwplug.core.platform import Platform
+from tiny_engine.attention import StepContext
+from tiny_engine.model import CausalLM
+from tiny_engine.scheduler import Step
+
+__all__ = ["CpuReplayGraphBackend", "ModelRunner"]
+
+logger = logging.getLogger("tiny_engine")
+
+
+class CpuReplayGraphBackend(RecordingGraphBackend):
+    """hwplug's :class:`RecordingGraphBackend`, replaying into the captured output.
+
+    A device graph writes each replay's results into the memory of the output
+    it captured, and the next piece of a split graph reads them from there.
+    The recording backend returns a fresh output instead; this subclass copies
+    it into the captured one, so a simulated platform's graph flow (FULL and
+    PIECEWISE) computes the right values on CPU tensors.
+    """
+
+    # WORKAROUND (hwplug defect): RecordingGraphBackend.replay does not keep the
+    # captured output's memory, so piecewise graphs chained under it read stale inputs.
+    def replay(self, graph: Any, output: Any) -> Any:
+        fresh = super().replay(graph, output)
+        _copy_into(output, fresh)
+        return output
+
+
+def _copy_into(dest: Any, src: Any) -> None:
+    if isinstance(dest, torch.Tensor):
+        dest.copy_(src)
+    elif isinstance(dest, (list, tuple)):
+        for d, s in zip(dest, src):
+            _copy_into(d, s)
+
+
+class ModelRunner:
+    """Prepares inputs, dispatches graphs and runs the model for one engine."""
+
+    def __init__(
+        self,
+        model: CausalLM,
+        config: EngineConfig,
+        platform: Platform,
+        device: torch.device,
+        context: StepContext,
+    ) -> None:
+        self.model = model
+        self.config = config
+        self.platform = platform
+        self.device = device
+        self.context = context
+        sched = config.scheduler
+        self.max_num_seqs = sched.max_num_seqs
+        self.block_size = int(config.cache.block_size or 16)
+        self.max_blocks = -(-config.model.max_model_len // self.block_size)
+
+        self.graph_backend: GraphBackend | None = None
+        """The backend graph wrappers use: None (the platform's own), or the CPU
+        replay backend when a simulated platform's configuration runs on CPU tensors."""
+        wrapper_cls = platform.graph_wrapper_cls()
+        if wrapper_cls is not None and device.type != platform.device_type:
+            self.graph_backend = CpuReplayGraphBackend()
+        self.dispatcher = GraphDispatcher(config.compilation, max_num_seqs=self.max_num_seqs)
+        max_tokens = max(sched.max_num_batched_tokens, self.dispatcher.max_capture_size)
+        self.max_tokens = max_tokens
+
+        def buffer(*shape: int, dtype: torch.dtype) -> torch.Tensor:
+            return torch.zeros(shape, dtype=dtype, device=device)
+
+        self.input_ids = buffer(max_tokens, dtype=torch.int64)
+        self.positions = buffer(max_tokens, dtype=torch.int64)
+        self.slot_mapping = buffer(max_tokens, dtype=torch.int64)
+        self.query_start_loc = buffer(self.max_num_seqs + 1, dtype=torch.int32)
+        self.seq_lens = buffer(self.max_num_seqs, dtype=torch.int32)
+        self.block_table = buffer(self.max_num_seqs, self.max_blocks, dtype=torch.int32)
+        self._pin = device.type == "cuda"
+
+        self.compiled: Callable[..., torch.Tensor] = self._compile()
+        self.full_graph: Callable[..., torch.Tensor] | None = None
+        if wrapper_cls is not None and CUDAGraphMode.FULL in self.dispatcher.runtime_modes:
+            self.full_graph = wrapper_cls(
+                self.compiled, config.compilation, CUDAGraphMode.FULL, backend=self.graph_backend
+            )
+        self.captured: list[tuple[CUDAGraphMode, BatchDescriptor]] = []
+
+    # -- compilation --------------------------------------------------------------------
+    def _compile(self) -> Callable[..., torch.Tensor]:
+        comp = self.config.compilation
+        level = int(comp.level or 0)
+        if level == 0:
+            return self.model
+        backend = comp.init_backend(self.config)
+        if level == 3 and self.graph_backend is not None:
+            backend = _bind_graph_backend(backend, self.graph_backend)
+        compiled = torch.compile(self.model, backend=backend, fullgraph=True, dynamic=True)
+        return compiled  # type: ignore[return-value]
+
+    # -- inputs -------------------------------------------------------------------------
+    def _host(self, values: Sequence[int], dtype: torch.dtype) -> torch.Tensor:
+        tensor = torch.tensor(values, dtype=dtype)
+        return tensor.pin_memory() if self._pin else tensor
+
+    def prepare(self, step: Step) -> tuple[CUDAGraphMode, BatchDescriptor, list[int]]:
+        """Write ``step``'s inputs into the buffers; returns the runtime mode, the key
+        and the rows whose logits are needed (-1: no token to sample)."""
+        ids: list[int] = []
+        positions: list[int] = []
+        slots: list[int] = []
+        starts = [0]
+        lens: list[int] = []
+        rows: list[int] = []
+        size = self.block_size
+        table = torch.zeros((len(step.seqs), self.max_blocks), dtype=torch.int32)
+        for b, (seq, n) in enumerate(zip(step.seqs, step.num_new)):
+            first = seq.num_computed
+            end = first + n
+            ids.extend(seq.tokens[first:end])
+            positions.extend(range(first, end))
+            blocks = seq.blocks
+            slots.extend(blocks[p // size] * size + p % size for p in range(first, end))
+            starts.append(starts[-1] + n)
+            lens.append(end)
+            table[b, : len(blocks)] = torch.tensor(blocks, dtype=torch.int32)
+            rows.append(starts[-1] - 1 if end == len(seq.tokens) else -1)
+        num_tokens = starts[-1]
+        mode, key = self.dispatcher.dispatch(BatchDescriptor(num_tokens, step.is_uniform_decode))
+        padded = key.num_tokens if mode is not CUDAGraphMode.NONE else num_tokens
+        num_seqs = len(step.seqs)
+        self._write(ids, positions, slots, starts, lens, table, num_tokens, padded, num_seqs, mode)
+        return mode, key, rows
+
+    def _write(
+        self,
+        ids: list[int],
+        positions: list[int],
+        slots: list[int],
+        starts: list[int],
+        lens: list[int],
+        table: torch.Tensor,
+        num_tokens: int,
+        padded: int,
+        num_seqs: int,
+        mode: CUDAGraphMode,
+    ) -> None:
+        pad = padded - num_tokens
+        nb = self._pin
+        self.input_ids[:padded].copy_(self._host(ids + [0] * pad, torch.int64), non_blocking=nb)
+        self.positions[:padded].copy_(
+            self._host(positions + [0] * pad, torch.int64), non_blocking=nb
+        )
+        self.slot_mapping[:padded].copy_(
+            self._host(slots + [-1] * pad, torch.int64), non_blocking=nb
+        )
+        # A FULL graph has a fixed number of sequences per key: the extra ones are empty.
+        batch = self._graph_batch(padded) if mode is CUDAGraphMode.FULL else num_seqs
+        extra = batch - num_seqs
+        self.query_start_loc[: batch + 1].copy_(
+            self._host(starts + [num_tokens] * extra, torch.int32), non_blocking=nb
+        )
+        self.seq_lens[:batch].copy_(self._host(lens + [0] * extra, torch.int32), non_blocking=nb)
+        self.block_table[:num_seqs].copy_(table, non_blocking=nb)
+        self._set_metadata(num_tokens, padded, batch)
+
+    def _graph_batch(self, padded: int) -> int:
+        return min(padded, self.max_num_seqs)
+
+    def _set_metadata(self, num_tokens: int, padded: int, batch: int) -> None:
+        from hwplug.attention import AttentionMetadata
+
+        self.context.metadata = AttentionMetadata(
+            query_start_loc=self.query_start_loc[: batch + 1],
+            seq_lens=self.seq_lens[:batch],
+            block_table=self.block_table[:batch],
+            slot_mapping=self.slot_mapping[:padded],
+        )
+        self.context.num_tokens = num_tokens
+
+    # -- running ------------------------------------------------------------------------
+    def forward(self, mode: CUDAGraphMode, key: BatchDescriptor, num_tokens: int) -> torch.Tensor:
+        """Hidden states of the prepared step, ``[padded tokens, hidden]``."""
+        padded = key.num_tokens if mode is not CUDAGraphMode.NONE else num_tokens
+        args = (self.input_ids[:padded], self.positions[:padded])
+        if mode is CUDAGraphMode.NONE:
+            return self.compiled(*args)
+        with graph_context(mode, key):
+            if mode is CUDAGraphMode.FULL and self.full_graph is not None:
+                return self.full_graph(*args)
+            return self.compiled(*args)
+
+    def execute(self, step: Step) -> tuple[torch.Tensor, list[int]]:
+        """Run ``step``; returns float32 logits of the sampled rows and, per sequence,
+        its row in them (-1 for a prompt chunk that does not end the prompt)."""
+        mode, key, rows = self.prepare(step)
+        hidden = self.forward(mode, key, step.num_tokens)
+        wanted = [r for r in rows if r >= 0]
+        index = torch.tensor(wanted, dtype=torch.int64, device=self.device)
+        logits = self.model.logits(hidden.index_select(0, index))
+        order: list[int] = []
+        k = 0
+        for r in rows:
+            order.append(k if r >= 0 else -1)
+            k += r >= 0
+        return logits, order
+
+    # -- profiling and capture ------------------------------------------------------------
+    def profile_run(self, num_tokens: int) -> None:
+        """A forward of ``num_tokens`` dummy tokens without a KV cache (measures activations)."""
+        saved = self.context.metadata
+        self.context.metadata = None
+        try:
+            n = min(num_tokens, self.max_tokens)
+            self.input_ids[:n].zero_()
+            self.positions[:n].zero_()
+            self.compiled(self.input_ids[:n], self.positions[:n])
+        finally:
+            self.context.metadata = saved
+
+    def _dummy_step(self, key: BatchDescriptor) -> None:
+        """Run a forward shaped like graph key ``key`` that writes nothing to the cache."""
+        n = key.num_tokens
+        mode = current_graph_context().runtime_mode
+        if mode is CUDAGraphMode.FULL:
+            batch = self._graph_batch(n)
+        elif key.uniform_decode:
+            batch = n
+        else:
+            longest = self.config.model.max_model_len
+            batch = min(self.max_num_seqs, -(-n // longest))
+        lens = [n // batch + (1 if i < n % batch else 0) for i in range(batch)]
+        starts = [0]
+        for q in lens:
+            starts.append(starts[-1] + q)
+        self.input_ids[:n].zero_()
+        self.positions[:n].zero_()
+        self.slot_mapping[:n].fill_(-1)
+        self.query_start_loc[: batch + 1].copy_(torch.tensor(starts, dtype=torch.int32))
+        self.seq_lens[:batch].copy_(torch.tensor(lens, dtype=torch.int32))
+        self.block_table[:batch].zero_()
+        self._set_metadata(n, n, batch)
+        args = (self.input_ids[:n], self.positions[:n])
+        if mode is CUDAGraphMode.FULL and self.full_graph is not None:
+            self.full_graph(*args)
+        else:
+            self.compiled(*args)
+
+    def capture(self) -> list[tuple[CUDAGraphMode, BatchDescriptor]]:
+        """Capture every graph the dispatcher can ask for (none without device graphs)."""
+        plan = self.dispatcher.capture_keys()
+        if not any(plan.values()):
+            return []
+        warmups = int(self.config.compilation.cudagraph_num_of_warmups or 0)
+        self.captured = capture_graphs(self._dummy_step, plan, num_warmups=warmups)
+        return self.captured
+
+
+def _bind_graph_backend(backend: Any, graph_backend: GraphBackend) -> Any:
+    """Make hwplug's piecewise backend wrap its pieces with ``graph_backend``."""
+    from hwplug.compilation.piecewise import PiecewiseBackend
+
+    if not isinstance(backend, PiecewiseBackend):
+        return backend
+    # WORKAROUND (hwplug defect): PiecewiseBackend takes its graph wrapper class from
+    # hwplug.current_platform and lets it pick its default (device) graph backend;
+    # there is no argument through which an engine passes its platform or a backend.
+    find_wrapper = backend._wrapper_cls
+
+    def bound() -> Callable[..., Any] | None:
+        cls = find_wrapper()
+        return None if cls is None else functools.partial(cls, backend=graph_backend)
+
+    backend._wrapper_cls = bound  # type: ignore[method-assign]
+    return backend
