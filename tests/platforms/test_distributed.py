@@ -114,7 +114,10 @@ RANK_SCRIPT = textwrap.dedent(
     assert dist.get_world_size() == 2 and dist.get_rank() == rank
     value = torch.tensor([float(rank + 1), 10.0 * (rank + 1)])
     dist.all_reduce(value)
-    print(f"rank {rank}: {value.tolist()}")
+    print(f"rank {rank}: {value.tolist()}", flush=True)
+    # Both ranks leave together: a rank that tears down its connections while the
+    # other still talks makes gloo abort the other one.
+    dist.barrier()
     dist.destroy_process_group()
     """
 )
