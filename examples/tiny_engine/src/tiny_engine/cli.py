@@ -1,0 +1,152 @@
+"""``python -m tiny_engine``: generate from a checkpoint on the current (or a named) platform.
+
+``--model DIR [--platform NAME] [--set section.field=value ...] --max-tokens N
+(--prompt-ids JSON | --random-prompts COUNTxLEN) [--temperature T --seed N]
+[--ignore-eos] [--json]``. Bad input (an empty prompt, missing files, an
+unsupported model, a prompt longer than ``model.max_model_len``, an invalid
+setting) exits with status 2 and one line on stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from typing import Any, NoReturn
+
+__all__ = ["main", "parse_prompts", "parse_random_prompts"]
+
+
+class UsageError(ValueError):
+    """Bad command-line input (exit status 2)."""
+
+
+def parse_prompts(text: str) -> list[list[int]]:
+    """``--prompt-ids``: a JSON list of token-id lists (a flat list is one prompt)."""
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise UsageError(f"--prompt-ids is not valid JSON ({exc})") from None
+    if isinstance(data, list) and data and all(isinstance(t, int) for t in data):
+        data = [data]
+    if not isinstance(data, list) or not data or not all(isinstance(p, list) for p in data):
+        raise UsageError(
+            "--prompt-ids must be a JSON list of token-id lists, as in [[1,2,3],[4,5]]"
+        )
+    return data
+
+
+def parse_random_prompts(text: str) -> tuple[int, int]:
+    """``--random-prompts COUNTxLEN`` -> ``(count, length)``."""
+    match = re.fullmatch(r"\s*(\d+)\s*[xX]\s*(\d+)\s*", text)
+    if match is None or int(match[1]) < 1 or int(match[2]) < 1:
+        raise UsageError(
+            f"--random-prompts {text!r}: expected COUNTxLEN with positive numbers, as in 4x32"
+        )
+    return int(match[1]), int(match[2])
+
+
+def _config(assignments: list[str]) -> dict[str, Any]:
+    from hwplug.cli import parse_set_option
+
+    data: dict[str, Any] = {}
+    for text in assignments:
+        path, value = parse_set_option(text)
+        node = data
+        for part in path[:-1]:
+            child = node.setdefault(part, {})
+            if not isinstance(child, dict):
+                raise UsageError(f"--set {text!r}: {part} is already a value")
+            node = child
+        node[path[-1]] = value
+    return data
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, with usage errors on one line (status 2)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"error: {message} (see python -m tiny_engine --help)\n")
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog="python -m tiny_engine",
+        description="Generate token ids from a Llama/Qwen2/Qwen3 checkpoint on hwplug.",
+    )
+    parser.add_argument("--model", required=True, help="checkpoint directory")
+    parser.add_argument("--platform", default=None, help="platform name or profile (h100)")
+    parser.add_argument(
+        "--device", default=None, help="torch device (cpu for a simulated platform)"
+    )
+    parser.add_argument(
+        "--set",
+        dest="assignments",
+        action="append",
+        default=[],
+        metavar="SECTION.FIELD=VALUE",
+        help="a config value (repeatable)",
+    )
+    parser.add_argument("--max-tokens", type=int, required=True)
+    prompts = parser.add_mutually_exclusive_group(required=True)
+    prompts.add_argument("--prompt-ids", metavar="JSON", help="[[ids...], ...]")
+    prompts.add_argument("--random-prompts", metavar="COUNTxLEN")
+    parser.add_argument("--temperature", type=float, default=0.0)
+    parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument("--ignore-eos", action="store_true")
+    parser.add_argument("--json", action="store_true", help="print outputs and stats as JSON")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the command; returns the exit status."""
+    args = _parser().parse_args(argv)  # malformed options: one line, status 2
+    from hwplug.core.errors import one_line
+
+    try:
+        return _run(args)
+    except (ValueError, OSError) as exc:  # ConfigError, CheckpointError, bad prompts
+        print(f"error: {one_line(str(exc))}", file=sys.stderr)
+        return 2
+    except RuntimeError as exc:
+        print(f"error: {one_line(str(exc))}", file=sys.stderr)
+        return 1
+
+
+def _run(args: argparse.Namespace) -> int:
+    import torch
+
+    from tiny_engine.engine import LLM
+
+    if args.max_tokens < 1:
+        raise UsageError(f"--max-tokens must be a positive integer, got {args.max_tokens}")
+    config = _config(args.assignments)
+    if args.prompt_ids is not None:
+        prompts = parse_prompts(args.prompt_ids)
+    else:
+        count, length = parse_random_prompts(args.random_prompts)
+        prompts = None
+    llm = LLM(args.model, config=config, platform=args.platform, device=args.device)
+    if prompts is None:
+        generator = torch.Generator().manual_seed(args.seed or 0)
+        vocab = llm.spec.vocab_size
+        prompts = torch.randint(0, vocab, (count, length), generator=generator).tolist()
+    outputs = llm.generate(
+        prompts,
+        max_tokens=args.max_tokens,
+        temperature=args.temperature,
+        seed=args.seed,
+        ignore_eos=args.ignore_eos,
+    )
+    if args.json:
+        print(json.dumps({"outputs": outputs, "stats": llm.stats}))
+        return 0
+    for i, output in enumerate(outputs):
+        print(f"prompt {i} ({len(prompts[i])} tokens) -> {output}")
+    stats = llm.stats
+    width = max(len(k) for k in stats)
+    for key, value in stats.items():
+        shown = f"{value:.1f}" if isinstance(value, float) else value
+        print(f"  {key:<{width}}  {shown}")
+    return 0
