@@ -31,6 +31,7 @@ __all__ = [
     "compute_kv_scales",
     "gather_kv_cache",
     "select_backend",
+    "shares_memory",
     "triton_unavailable_reason",
     "write_kv_cache",
 ]
@@ -177,6 +178,11 @@ def _check_slots(slot_mapping: object, num_tokens: int | None) -> torch.Tensor:
             else type(slot_mapping).__name__
         )
         raise ValueError(f"slot_mapping must be a 1-D integer tensor; got {got}")
+    if not slot_mapping.dtype.is_signed:
+        raise ValueError(
+            f"slot_mapping must be a signed integer tensor (int64 or int32: a negative slot "
+            f"marks padding); got {slot_mapping.dtype}"
+        )
     if num_tokens is not None and slot_mapping.shape[0] != num_tokens:
         raise ValueError(
             f"slot_mapping must hold one slot per token: length {num_tokens}; "
@@ -209,6 +215,52 @@ def _check_caches(key_cache: object, value_cache: object) -> tuple[torch.Tensor,
     _check_dtype("key_cache", kc, CACHE_DTYPES)
     _check_dtype("value_cache", vc, CACHE_DTYPES)
     return kc, vc
+
+
+def shares_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether ``a`` and ``b`` have an element in common in memory (reads no values).
+
+    Exact for two views with the same strides (interleaved views such as
+    ``combined[:, 0]`` and ``combined[:, 1]`` do not share memory); views with
+    different strides count as sharing whenever their address ranges meet.
+    """
+    if a.numel() == 0 or b.numel() == 0 or a.device != b.device:
+        return False
+    if a.untyped_storage().data_ptr() != b.untyped_storage().data_ptr():
+        return False
+    size = a.element_size()
+
+    def span(t: torch.Tensor) -> tuple[int, int]:
+        start = t.data_ptr()
+        extent = sum((n - 1) * abs(st) for n, st in zip(t.shape, t.stride()))
+        return start, start + (extent + 1) * t.element_size()
+
+    a0, a1 = span(a)
+    b0, b1 = span(b)
+    if not (a0 < b1 and b0 < a1):
+        return False
+    if a.stride() != b.stride() or a.shape != b.shape or b.element_size() != size:
+        return True
+    delta, rem = divmod(b.data_ptr() - a.data_ptr(), size)
+    if rem:
+        return True  # misaligned views of one buffer: be conservative
+    dims = sorted(
+        ((abs(st), n - 1) for n, st in zip(a.shape, a.stride()) if n > 1 and st != 0),
+        reverse=True,
+    )
+    return _offset_reachable(delta, dims)
+
+
+def _offset_reachable(delta: int, dims: list[tuple[int, int]]) -> bool:
+    """Whether ``delta`` = sum of ``c * stride`` with ``|c| <= reach`` over ``(stride, reach)``."""
+    if not dims:
+        return delta == 0
+    (stride, reach), rest = dims[0], dims[1:]
+    below = sum(st * r for st, r in rest)  # what the smaller strides can still make up
+    low = max(-reach, -((below - delta) // stride))  # ceil((delta - below) / stride)
+    high = min(reach, (delta + below) // stride)
+    # nested strides (any view of a dense tensor) leave at most a few candidates
+    return any(_offset_reachable(delta - c * stride, rest) for c in range(low, high + 1))
 
 
 def _check_same_device(**tensors: torch.Tensor) -> torch.device:
@@ -251,7 +303,8 @@ def compute_kv_scales(
             continue
         amax = t.detach().abs().amax().to(torch.float32)
         scale = amax / fmt.max_finite
-        scales.append(torch.where(amax > 0, scale, torch.ones_like(scale)))
+        # `amax == 0` rather than `amax > 0`: NaN must give a NaN scale, not 1.0
+        scales.append(torch.where(amax == 0, torch.ones_like(scale), scale))
     return scales[0], scales[1]
 
 
@@ -290,6 +343,11 @@ def write_kv_cache(
     _check_dtype("key", k, INPUT_DTYPES)
     _check_dtype("value", v, INPUT_DTYPES)
     kc, vc = _check_caches(key_cache, value_cache)
+    if shares_memory(kc, vc):
+        raise ValueError(
+            "key_cache and value_cache share memory (the same tensor, or overlapping views of "
+            "one); keys and values need separate caches"
+        )
     if kc.shape[2:] != k.shape[1:]:
         raise ValueError(
             f"key and value have [num_kv_heads, head_size] = {tuple(k.shape[1:])}, which does "
