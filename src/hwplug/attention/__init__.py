@@ -1,0 +1,50 @@
+"""Attention backends (SPEC section 12): the contract, the built-ins and the registry.
+
+- :class:`AttentionBackend`: the base class of every backend;
+- :class:`AttentionMetadata`: one step's batch layout;
+- :class:`TorchAttentionBackend` (``torch``) and :class:`TritonAttentionBackend`
+  (``triton``): the built-in backends;
+- :func:`get_backend` / :func:`available_backends`: look backends up by name;
+- :func:`unified_attention`: what an engine's attention layer calls; it runs
+  through the ``hwplug::unified_attention`` torch custom op, which
+  ``torch.compile`` treats as opaque (a splitting op for piecewise compilation).
+
+Importing this package does not import torch, and neither does
+:meth:`AttentionBackend.problem`: resolution runs torch-free.
+"""
+
+from __future__ import annotations
+
+from hwplug.attention.base import AttentionBackend
+from hwplug.attention.metadata import AttentionMetadata
+from hwplug.attention.ops import register_unified_attention, unified_attention
+from hwplug.attention.registry import BUILTIN_BACKENDS, collect_backends, lookup_backend
+from hwplug.attention.torch_backend import TorchAttentionBackend
+from hwplug.attention.triton_backend import TritonAttentionBackend
+
+__all__ = [
+    "BUILTIN_BACKENDS",
+    "AttentionBackend",
+    "AttentionMetadata",
+    "TorchAttentionBackend",
+    "TritonAttentionBackend",
+    "available_backends",
+    "collect_backends",
+    "get_backend",
+    "lookup_backend",
+    "register_unified_attention",
+    "unified_attention",
+]
+
+
+def available_backends() -> dict[str, type[AttentionBackend]]:
+    """Every attention backend by name (for now: the built-ins)."""
+    return dict(BUILTIN_BACKENDS)
+
+
+def get_backend(name: str) -> type[AttentionBackend]:
+    """The attention backend class called ``name``.
+
+    :raises ConfigError: unknown name (the message lists the known ones).
+    """
+    return lookup_backend(name, available_backends())

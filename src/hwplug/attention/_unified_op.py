@@ -1,0 +1,108 @@
+"""Registration of the ``hwplug::unified_attention`` torch custom op.
+
+Importing this module imports torch and registers the op; :mod:`hwplug.attention.ops`
+imports it on first use. (No ``from __future__ import annotations`` here:
+``torch.library`` reads the signature's annotations to build the schema.)
+"""
+
+import functools
+
+import torch
+
+from hwplug.attention.base import AttentionBackend
+from hwplug.attention.metadata import AttentionMetadata
+
+__all__ = ["OP", "as_scale_tensor", "unified_attention_op"]
+
+
+@functools.lru_cache(maxsize=256)
+def _backend(
+    name: str,
+    num_heads: int,
+    head_size: int,
+    num_kv_heads: int,
+    scale: float,
+    sliding_window: int | None,
+    cache_dtype: torch.dtype,
+) -> AttentionBackend:
+    """One backend instance per layer shape (construction validates, so do it once)."""
+    from hwplug.attention import get_backend
+
+    return get_backend(name)(
+        num_heads,
+        head_size,
+        num_kv_heads,
+        scale,
+        sliding_window=sliding_window,
+        cache_dtype=cache_dtype,
+    )
+
+
+@torch.library.custom_op("hwplug::unified_attention", mutates_args=("key_cache", "value_cache"))
+def unified_attention_op(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    seq_lens: torch.Tensor,
+    block_table: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    k_scale: torch.Tensor,
+    v_scale: torch.Tensor,
+    backend: str,
+    scale: float,
+    sliding_window: int | None,
+) -> torch.Tensor:
+    """Write the step's keys and values, then attend, with the backend called ``backend``."""
+    if query.dim() != 3 or key.dim() != 3:
+        raise ValueError(
+            "hwplug::unified_attention: query must be [num_tokens, num_heads, head_size] and "
+            f"key [num_tokens, num_kv_heads, head_size]; got {list(query.shape)} and "
+            f"{list(key.shape)}"
+        )
+    impl = _backend(
+        backend,
+        query.shape[1],
+        query.shape[2],
+        key.shape[1],
+        scale,
+        sliding_window,
+        key_cache.dtype,
+    )
+    metadata = AttentionMetadata(query_start_loc, seq_lens, block_table, slot_mapping)
+    return impl.forward(
+        query, key, value, key_cache, value_cache, metadata, k_scale=k_scale, v_scale=v_scale
+    )
+
+
+@unified_attention_op.register_fake
+def _(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    seq_lens: torch.Tensor,
+    block_table: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    k_scale: torch.Tensor,
+    v_scale: torch.Tensor,
+    backend: str,
+    scale: float,
+    sliding_window: int | None,
+) -> torch.Tensor:
+    return torch.empty_like(query)
+
+
+OP = torch.ops.hwplug.unified_attention
+"""``torch.ops.hwplug.unified_attention``: what traced graphs call."""
+
+
+def as_scale_tensor(scale: "float | torch.Tensor", like: torch.Tensor) -> torch.Tensor:
+    """A scale as the op takes it: a 0-d float32 tensor (floats are filled on ``like``'s device)."""
+    if isinstance(scale, torch.Tensor):
+        return scale
+    return torch.full((), float(scale), dtype=torch.float32, device=like.device)

@@ -1,0 +1,88 @@
+"""The ``hwplug::unified_attention`` custom op and the helper engines call.
+
+Attention runs through one registered torch custom op so that
+``torch.compile`` sees it as one opaque call: piecewise compilation splits the
+graph there (``splitting_ops=["hwplug.unified_attention"]``) and the backend
+runs eagerly (or inside a CUDA graph) between the compiled pieces.
+
+The op is registered on first use, never when hwplug is imported: this
+module imports torch only inside its functions.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+
+    from hwplug.attention.metadata import AttentionMetadata
+
+__all__ = ["OP_NAME", "register_unified_attention", "unified_attention"]
+
+OP_NAME = "hwplug::unified_attention"
+"""The custom op's qualified name (``hwplug.unified_attention`` in splitting ops)."""
+
+_op: Any = None
+
+
+def register_unified_attention() -> Any:
+    """Register ``hwplug::unified_attention`` (once per process; imports torch).
+
+    Returns ``torch.ops.hwplug.unified_attention``, called as ``op(query, key,
+    value, key_cache, value_cache, query_start_loc, seq_lens, block_table,
+    slot_mapping, k_scale, v_scale, backend, scale, sliding_window)`` with the
+    scales as 0-d float32 tensors, ``backend`` a backend name and
+    ``sliding_window`` an int or None. It mutates the two caches and returns
+    a new ``[N, num_heads, head_size]`` tensor.
+    """
+    global _op
+    if _op is None:
+        from hwplug.attention import _unified_op
+
+        _op = _unified_op.OP
+    return _op
+
+
+def unified_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    metadata: AttentionMetadata,
+    *,
+    backend: str,
+    scale: float,
+    sliding_window: int | None = None,
+    k_scale: float | torch.Tensor = 1.0,
+    v_scale: float | torch.Tensor = 1.0,
+) -> torch.Tensor:
+    """Attention of one layer for one step, through the ``hwplug::unified_attention`` op.
+
+    The same arguments and semantics as :meth:`AttentionBackend.forward`, with
+    the backend named by ``backend`` (see :func:`hwplug.attention.get_backend`)
+    and built for the heads of ``query`` and ``key``, ``scale``,
+    ``sliding_window`` and the caches' dtype. Float scales become 0-d
+    tensors on the query's device (a fill, not a host-to-device copy).
+    """
+    op = _op if _op is not None else register_unified_attention()
+    from hwplug.attention._unified_op import as_scale_tensor
+
+    result: torch.Tensor = op(
+        query,
+        key,
+        value,
+        key_cache,
+        value_cache,
+        metadata.query_start_loc,
+        metadata.seq_lens,
+        metadata.block_table,
+        metadata.slot_mapping,
+        as_scale_tensor(k_scale, query),
+        as_scale_tensor(v_scale, query),
+        backend,
+        float(scale),
+        sliding_window,
+    )
+    return result

@@ -1,0 +1,106 @@
+"""Which attention backends exist: the built-ins plus what plugins contribute.
+
+The helpers here are pure: they take the built-ins and the plugins' hook
+results and return a name -> class table, or raise an error naming whoever
+is at fault. Nothing here imports torch.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+from types import MappingProxyType
+
+from hwplug.attention.base import AttentionBackend
+from hwplug.attention.torch_backend import TorchAttentionBackend
+from hwplug.attention.triton_backend import TritonAttentionBackend
+from hwplug.core.errors import ConfigError, PluginError, brief
+from hwplug.core.graphs import AttentionGraphSupport
+
+__all__ = ["BUILTIN_BACKENDS", "collect_backends", "lookup_backend"]
+
+BUILTIN_BACKENDS: Mapping[str, type[AttentionBackend]] = MappingProxyType(
+    {cls.name: cls for cls in (TorchAttentionBackend, TritonAttentionBackend)}
+)
+"""The backends that ship with hwplug, by name (read-only)."""
+
+_NAME = re.compile(r"[a-z][a-z0-9_.-]*")
+
+
+def _owner(plugin: str, distribution: str) -> str:
+    return f"plugin {plugin!r}" + (f" (distribution {distribution!r})" if distribution else "")
+
+
+def _check_backend(item: object, owner: str) -> type[AttentionBackend]:
+    if not isinstance(item, type) or not issubclass(item, AttentionBackend):
+        raise PluginError(
+            f"{owner} returned {brief(item)} from hwplug_attention_backends(); every entry "
+            "must be a subclass of hwplug.attention.AttentionBackend"
+        )
+    name = item.__dict__.get("name", item.name)
+    if not isinstance(name, str) or not _NAME.fullmatch(name):
+        raise PluginError(
+            f"{owner} returned attention backend {item.__qualname__} with name {brief(name)}; "
+            "a name is a non-empty lower-case string of letters, digits, '_', '.' or '-' "
+            "starting with a letter"
+        )
+    if not isinstance(item.graph_support, AttentionGraphSupport):
+        raise PluginError(
+            f"{owner} returned attention backend {name!r} whose graph_support is "
+            f"{brief(item.graph_support)}; use an hwplug.core.graphs.AttentionGraphSupport member"
+        )
+    return item
+
+
+def collect_backends(
+    builtins: Mapping[str, type[AttentionBackend]],
+    plugin_results: Iterable[tuple[str, str, object]],
+) -> dict[str, type[AttentionBackend]]:
+    """The built-ins plus every class the plugins returned, by name.
+
+    ``plugin_results`` holds ``(plugin name, distribution, returned value)``
+    for each ``hwplug_attention_backends()`` implementation (distribution ""
+    when unknown). A plugin returning one class several times is harmless.
+
+    :raises PluginError: a result is not a list of ``AttentionBackend``
+        subclasses with valid names (naming the plugin), or two different
+        classes claim one name (naming both owners).
+    """
+    table: dict[str, type[AttentionBackend]] = dict(builtins)
+    owners = {name: "hwplug's built-in backends" for name in builtins}
+    for plugin, distribution, result in plugin_results:
+        owner = _owner(plugin, distribution)
+        if not isinstance(result, (list, tuple)):
+            raise PluginError(
+                f"{owner} returned {brief(result)} from hwplug_attention_backends(); it must "
+                "return a list of AttentionBackend subclasses"
+            )
+        for item in result:
+            cls = _check_backend(item, owner)
+            name = cls.name
+            existing = table.get(name)
+            if existing is not None and existing is not cls:
+                raise PluginError(
+                    f"attention backend name {name!r} is claimed twice: by {owners[name]} "
+                    f"({existing.__module__}.{existing.__qualname__}) and by {owner} "
+                    f"({cls.__module__}.{cls.__qualname__}); backend names must be unique"
+                )
+            table[name] = cls
+            owners.setdefault(name, owner)
+    return table
+
+
+def lookup_backend(
+    name: object, backends: Mapping[str, type[AttentionBackend]]
+) -> type[AttentionBackend]:
+    """The backend class called ``name``.
+
+    :raises ConfigError: no backend has that name (the message lists the known ones).
+    """
+    if isinstance(name, str) and name in backends:
+        return backends[name]
+    known = ", ".join(sorted(backends)) or "none"
+    hint = ""
+    if isinstance(name, str) and name.strip().lower() in backends:
+        hint = f" (names are lower case: {name.strip().lower()!r})"
+    raise ConfigError(f"unknown attention backend {brief(name)}{hint}; known backends: {known}")

@@ -1,0 +1,91 @@
+"""The ``triton`` attention backend: one Triton kernel for every kind of batch.
+
+Prefill, chunked prefill, decode and mixed batches run through one kernel
+that reads the paged cache directly (see :mod:`hwplug.attention._triton_unified`).
+Nothing in the forward reads a tensor value back to the host, so it can be
+captured in a full CUDA graph (``graph_support = ALWAYS``).
+
+Limits: devices of type ``cuda`` (CUDA and ROCm) and ``xpu``; head sizes
+that are multiples of 16 from 32 to 256 (padded to a power of two inside the
+kernel); any block size; bfloat16, float16 and float32 models; caches in
+those dtypes or fp8 (``float8_e4m3fn``, ``float8_e4m3fnuz``, ``float8_e5m2``,
+``float8_e5m2fnuz``); not MLA. On CPU tensors it runs only in Triton's
+interpreter (``TRITON_INTERPRET=1``), which is how the tests run it.
+
+This module does not import torch or triton; :meth:`attend` does.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from typing import TYPE_CHECKING
+
+from hwplug.attention.base import AttentionBackend
+from hwplug.core.graphs import AttentionGraphSupport
+
+if TYPE_CHECKING:
+    import torch
+
+    from hwplug.attention.metadata import AttentionMetadata
+
+__all__ = ["TritonAttentionBackend"]
+
+_TRUE_WORDS = frozenset({"1", "true", "yes", "on", "y"})
+
+
+def _interpret_requested() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "").strip().lower() in _TRUE_WORDS
+
+
+def _unavailable_reason(device: torch.device) -> str | None:
+    """Why the kernel cannot run on tensors on ``device``, or None."""
+    from hwplug.kernels import triton_unavailable_reason
+
+    if device.type == "xpu" and not _interpret_requested():
+        if importlib.util.find_spec("triton") is None:
+            return "the triton package is not installed (pip install 'hwplug[triton]')"
+        return None
+    return triton_unavailable_reason(device)
+
+
+class TritonAttentionBackend(AttentionBackend):
+    """Paged attention in one Triton kernel; capturable in full CUDA graphs."""
+
+    name = "triton"
+    graph_support = AttentionGraphSupport.ALWAYS
+    device_types = ("cuda", "xpu")
+    head_sizes = range(32, 257, 16)
+    model_dtypes = ("bfloat16", "float16", "float32")
+    cache_dtypes = ("auto", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2")
+
+    def attend(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        key_cache: torch.Tensor,
+        value_cache: torch.Tensor,
+        metadata: AttentionMetadata,
+        *,
+        k_scale: float | torch.Tensor,
+        v_scale: float | torch.Tensor,
+    ) -> torch.Tensor:
+        reason = _unavailable_reason(query.device)
+        if reason is not None:
+            raise RuntimeError(f"the triton attention backend cannot run here: {reason}")
+        from hwplug.attention import _triton_unified
+
+        return _triton_unified.unified_attention(
+            query,
+            key,
+            value,
+            key_cache,
+            value_cache,
+            metadata,
+            k_scale,
+            v_scale,
+            scale=self.scale,
+            sliding_window=self.sliding_window,
+            interpret=_interpret_requested(),
+        )
