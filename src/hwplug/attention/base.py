@@ -108,8 +108,8 @@ class AttentionBackend:
             )
         if cls.device_types is not None and platform.device_type not in cls.device_types:
             return (
-                f"{who} runs on {' and '.join(cls.device_types)} devices, not on "
-                f"{platform.describe_device()} (device type {platform.device_type or 'unknown'})"
+                f"{who} runs on {' and '.join(cls.device_types)} devices; "
+                f"{platform.describe_device()} is a {platform.device_type or 'non-torch'} device"
             )
         if cls.head_sizes is not None and model.head_size not in cls.head_sizes:
             return (
