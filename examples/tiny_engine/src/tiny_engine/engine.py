@@ -220,8 +220,6 @@ class LLM:
 
         self.runner = ModelRunner(self.model, cfg, plat, self.device, self.context)
         self.runner.profile_run(cfg.scheduler.max_num_batched_tokens)
-        if self.runner.compiled is not self.model:
-            self.runner.profile_run(1)  # compile the one-token shape now, not while serving
         self.memory["after_profile"] = self._memory_in_use()
         used = max(self.memory.values())
 

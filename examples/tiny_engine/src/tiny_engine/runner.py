@@ -246,7 +246,12 @@ class ModelRunner:
             n = min(num_tokens, self.max_tokens)
             self.input_ids[:n].zero_()
             self.positions[:n].zero_()
-            self.compiled(self.input_ids[:n], self.positions[:n])
+            ids, positions = self.input_ids[:n], self.positions[:n]
+            if self.compiled is not self.model:
+                # One graph for every token count, 1 included (no 0/1 specialisation).
+                torch._dynamo.decorators.mark_unbacked(ids, 0)
+                torch._dynamo.decorators.mark_unbacked(positions, 0)
+            self.compiled(ids, positions)
         finally:
             self.context.metadata = saved
 
