@@ -264,3 +264,25 @@ def test_an_all_padding_batch_writes_nothing(backend: type[AttentionBackend]) ->
     out = impl.forward(*_args(batch))
     assert out.shape == (3, 2, 32)
     assert torch.equal(batch.key_cache, before)
+
+
+def test_torch_backend_decodes_in_groups_of_bounded_size(monkeypatch: pytest.MonkeyPatch) -> None:
+    from hwplug.attention import torch_backend
+
+    # a one-byte budget: every decoding sequence in a group of its own
+    monkeypatch.setattr(torch_backend, "_GATHER_BYTES", 1)
+    case = Case(
+        seq_lens=[9, 30, 1, 17, 30],
+        query_lens=[1, 1, 1, 3, 1],
+        num_kv_heads=2,
+        group=2,
+        head_size=32,
+        block_size=4,
+        window=7,
+        dtype=torch.float32,
+        cache_dtype=torch.float8_e5m2,
+        padding=1,
+        tensor_scales=True,
+        seed=4,
+    )
+    run_case(TorchAttentionBackend, case)

@@ -26,6 +26,9 @@ if TYPE_CHECKING:
 
 __all__ = ["TorchAttentionBackend"]
 
+_GATHER_BYTES = 8 << 20
+"""Most bytes of gathered keys (and as many of values) one batched decode call holds."""
+
 
 class TorchAttentionBackend(AttentionBackend):
     """Pure-PyTorch paged attention: every device, head size, dtype and cache dtype; not MLA."""
@@ -83,18 +86,38 @@ class TorchAttentionBackend(AttentionBackend):
         starts: list[int],
         lens: list[int],
     ) -> None:
-        """One query token per sequence: all of them in one padded, masked call."""
+        """One query token per sequence: batched calls over groups of similar length.
+
+        Each group's gathered pages stay under ``_GATHER_BYTES``: that bounds the
+        memory a large batch takes, and small buffers are reused by the
+        allocator instead of being mapped (and faulted in) afresh each step.
+        """
+        row_bytes = pages.row_bytes
+        group: list[int] = []
+        for b in sorted(seqs, key=lambda s: lens[s]):
+            padded = -(-lens[b] // pages.block_size) * pages.block_size
+            if group and (len(group) + 1) * padded * row_bytes > _GATHER_BYTES:
+                self._decode_group(queries, out, pages, group, starts, lens)
+                group = []
+            group.append(b)
+        self._decode_group(queries, out, pages, group, starts, lens)
+
+    def _decode_group(
+        self,
+        queries: torch.Tensor,
+        out: torch.Tensor,
+        pages: _Pages,
+        seqs: list[int],
+        starts: list[int],
+        lens: list[int],
+    ) -> None:
         import torch
 
         device = queries.device
         seq_lens = [lens[b] for b in seqs]
         longest = max(seq_lens)
-        if len(seqs) == len(lens):
-            index = None  # every sequence decodes: rows and table rows are in order
-        else:
-            index = torch.tensor(seqs, device=device)
         rows = torch.tensor([starts[b] for b in seqs], device=device)
-        k, v = pages.gather(index, longest)  # [n, kv_heads, longest, head_size]
+        k, v = pages.gather(torch.tensor(seqs, device=device), longest)
         q = queries.index_select(0, rows).unsqueeze(2)  # [n, heads, 1, head_size]
         window = self.sliding_window
         mask = None
@@ -165,17 +188,24 @@ class _Pages:
         self.block_size = block_size
         self.dtype = dtype
 
-    def gather(self, seqs: torch.Tensor | None, length: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Keys and values of positions ``0..length-1`` of sequences ``seqs`` (None: all)."""
+    @property
+    def row_bytes(self) -> int:
+        """Bytes of one gathered position (all key/value heads, in the compute dtype)."""
+        _, _, heads, head_size = self.key_cache.shape
+        return int(heads * head_size * self.dtype.itemsize)
+
+    def gather(self, seqs: torch.Tensor, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys and values of positions ``0..length-1`` of sequences ``seqs``."""
         blocks = -(-length // self.block_size)
-        table = self.block_table if seqs is None else self.block_table.index_select(0, seqs)
+        table = self.block_table.index_select(0, seqs)
         # entries past a sequence's own blocks may hold anything: keep them in range
         table = table[:, :blocks].clamp(0, self.key_cache.shape[0] - 1).long()
         n = table.shape[0]
         result = []
         for cache in (self.key_cache, self.value_cache):
-            paged = cache[table]  # [n, blocks, block_size, kv_heads, head_size]
-            dense = paged.reshape(n, blocks * self.block_size, *cache.shape[2:])[:, :length]
+            # whole blocks are contiguous slices: index_select copies them wholesale
+            paged = cache.index_select(0, table.reshape(-1))
+            dense = paged.view(n, blocks * self.block_size, *cache.shape[2:])[:, :length]
             result.append(dense.to(self.dtype).transpose(1, 2))
         return result[0], result[1]
 
