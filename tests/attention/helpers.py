@@ -82,15 +82,20 @@ def make_batch(
     seed: int = 0,
     device: str = "cpu",
     extra_blocks: int = 2,
+    num_blocks: int | None = None,
 ) -> Batch:
     """Random queries/keys/values and caches whose earlier positions hold random data.
 
     Blocks are handed out in a shuffled order, so sequences' pages are scattered.
+    The cache has ``num_blocks`` blocks, by default those needed plus ``extra_blocks``.
     """
     gen = torch.Generator().manual_seed(seed)
     cache_dtype = dtype if cache_dtype is None else cache_dtype
     needed = [-(-n // block_size) for n in seq_lens]
-    num_blocks = sum(needed) + extra_blocks
+    if num_blocks is None:
+        num_blocks = sum(needed) + extra_blocks
+    if num_blocks < sum(needed):
+        raise ValueError(f"num_blocks={num_blocks} is fewer than the {sum(needed)} needed")
     order = torch.randperm(num_blocks, generator=gen).tolist()
     table, used = [], 0
     for n in needed:

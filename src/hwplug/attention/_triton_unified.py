@@ -100,8 +100,10 @@ def _unified_attention_kernel(
     # ---- which sequence: the last b with query_start_loc[b] // BLOCK_Q + b <= q_tile.
     # Sequence b owns tiles [qsl[b] // BLOCK_Q + b, ... + cdiv(q_len_b, BLOCK_Q)), and
     # these ranges never overlap, so a tile belongs to at most one sequence.
+    # annotated: an int argument equal to 1 arrives as a constexpr, and loop-carried
+    # variables must keep one type
     lo: tl.int32 = 0
-    hi = num_seqs
+    hi: tl.int32 = num_seqs
     while lo < hi:
         mid = (lo + hi) // 2
         first_tile = tl.load(query_start_loc_ptr + mid) // BLOCK_Q + mid
@@ -398,11 +400,13 @@ def unified_attention(
 
     group = num_heads // num_kv_heads
     group_pad = triton.next_power_of_2(group)
-    # at least 16 rows for tl.dot; prefill-heavy batches get taller tiles
-    rows = 64 if num_tokens >= 4 * num_seqs and not interpret else 16
-    block_m = max(rows, group_pad)
-    block_q = block_m // group_pad
     head_pad = max(triton.next_power_of_2(head_size), 16)
+    dot_kind = _dot_kind(query.dtype, key_cache.dtype, interpret)
+    # at least 16 rows for tl.dot; prefill-heavy batches get taller tiles where
+    # registers allow (16-bit dots, heads up to 128)
+    tall = num_tokens >= 4 * num_seqs and dot_kind != _FP32 and head_pad <= 128
+    block_m = max(64 if tall else 16, group_pad)
+    block_q = block_m // group_pad
     tile_n = 32 if head_pad <= 128 else 16
 
     fmt = FP8_FORMATS.get(key_cache.dtype)
@@ -448,7 +452,7 @@ def unified_attention(
         "TILE_N": tile_n,
         "Q_KIND": _kind(query.dtype),
         "CACHE_KIND": _kind(key_cache.dtype),
-        "DOT_KIND": _dot_kind(query.dtype, key_cache.dtype, interpret),
+        "DOT_KIND": dot_kind,
         "MANT": mant,
         "BIAS": bias,
         "FLAVOR": flavor,

@@ -196,6 +196,10 @@ class _Pages:
 
     def gather(self, seqs: torch.Tensor, length: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Keys and values of positions ``0..length-1`` of sequences ``seqs``."""
+        import torch
+
+        from hwplug.kernels.formats import FP8_FORMATS
+
         blocks = -(-length // self.block_size)
         table = self.block_table.index_select(0, seqs)
         # entries past a sequence's own blocks may hold anything: keep them in range
@@ -204,7 +208,9 @@ class _Pages:
         result = []
         for cache in (self.key_cache, self.value_cache):
             # whole blocks are contiguous slices: index_select copies them wholesale
-            paged = cache.index_select(0, table.reshape(-1))
+            # (fp8 as bytes: not every device indexes every fp8 dtype)
+            source = cache.view(torch.uint8) if cache.dtype in FP8_FORMATS else cache
+            paged = source.index_select(0, table.reshape(-1)).view(cache.dtype)
             dense = paged.view(n, blocks * self.block_size, *cache.shape[2:])[:, :length]
             result.append(dense.to(self.dtype).transpose(1, 2))
         return result[0], result[1]
