@@ -64,18 +64,14 @@ def test_reduced_precision_cache_agrees_with_fp32(
 
     contexts, expected = forced
     llm = LLM(llama, config=_config(cache_dtype, calculate), platform="h100", device="cpu")
-    layer = llm.runner.model.layers[0].self_attn.layer_key
-    from tiny_engine.attention import layer_state
-
-    state = layer_state(layer)
-    assert state.key_cache is not None
+    layer = llm.model.attention_layers()[0]
     if cache_dtype.startswith("fp8"):
-        assert state.key_cache.dtype in (torch.float8_e4m3fn, torch.float8_e5m2)
+        assert layer.key_cache.dtype in (torch.float8_e4m3fn, torch.float8_e5m2)
     got = [o[0] for o in llm.generate(contexts, max_tokens=1, ignore_eos=True)]
     agreement = sum(a == b for a, b in zip(got, expected)) / len(expected)
     record_property(f"agreement_{cache_dtype}_{calculate}", agreement)
     print(f"{cache_dtype} calculate_kv_scales={calculate}: agreement {agreement:.3f}")
     assert agreement >= THRESHOLDS[cache_dtype]
     if calculate:
-        assert state.k_scale is not None and float(state.k_scale) != 1.0
-        assert not state.scales_pending
+        assert float(layer.k_scale) != 1.0 and float(layer.v_scale) != 1.0
+        assert not layer.calculate_scales

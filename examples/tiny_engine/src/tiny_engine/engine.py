@@ -39,7 +39,7 @@ from hwplug.core.kv_cache import (
     num_blocks,
 )
 from hwplug.core.platform import Platform
-from tiny_engine import attention as attn
+from tiny_engine.attention import resolved_backend
 from tiny_engine.blocks import BlockPool
 from tiny_engine.checkpoint import ModelSpec, iter_weights, read_checkpoint
 from tiny_engine.model import CausalLM, load_weights
@@ -47,10 +47,7 @@ from tiny_engine.runner import ModelRunner
 from tiny_engine.scheduler import Scheduler
 from tiny_engine.scheduler import Sequence as Seq
 
-__all__ = ["DEFAULT_ATTENTION_BACKEND", "LLM", "engine_config_for"]
-
-DEFAULT_ATTENTION_BACKEND = "torch"
-"""Used while the resolved config names no attention backend (an hwplug without SPEC 12)."""
+__all__ = ["LLM", "engine_config_for"]
 
 _FP8 = ("fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc")
 
@@ -147,10 +144,7 @@ class LLM:
         self.cache_dtype = cache_dtype_to_torch(
             self.config.cache.cache_dtype, self.config.model.dtype, self.platform
         )
-        attention = getattr(self.config, "attention", None)
-        self.attention_backend: str = (
-            getattr(attention, "backend", None) or DEFAULT_ATTENTION_BACKEND
-        )
+        self.attention_backend = resolved_backend(self.config, self.platform)
         self._stats: dict[str, Any] = {
             "prefix_cache_hits": 0,
             "preemptions": 0,
@@ -159,7 +153,6 @@ class LLM:
             "steps": 0,
             "generate_seconds": 0.0,
         }
-        self._layer_keys: list[str] = []
         with hwplug.use_platform(self.platform), torch.inference_mode():
             self._build()
 
@@ -190,41 +183,26 @@ class LLM:
         cfg, spec, plat = self.config, self.spec, self.platform
         if self._live:
             plat.seed_everything(0)
-        self.context = attn.StepContext()
-        backend = attn.backend_class(self.attention_backend)
-        engine_id = attn.new_engine_id()
-        self._layer_keys = [
-            attn.make_layer(
-                backend,
-                self.context,
-                num_heads=spec.num_heads,
-                head_size=spec.head_dim,
-                num_kv_heads=spec.num_kv_heads,
-                sliding_window=spec.sliding_windows[i],
-                cache_dtype=self.cache_dtype,
-                engine_id=engine_id,
-                layer=i,
-            )
-            for i in range(spec.num_layers)
-        ]
         default_dtype = torch.get_default_dtype()
         torch.set_default_dtype(self.dtype)
         try:
             with torch.device(self.device):
-                self.model = CausalLM(spec, self._layer_keys, cfg.model.max_model_len)
+                self.model = CausalLM(spec, self.attention_backend, cfg.model.max_model_len)
         finally:
             torch.set_default_dtype(default_dtype)
         load_weights(self.model, iter_weights(spec.path))
         self.model.eval().requires_grad_(False)
         self.memory: dict[str, int] = {"after_load": self._memory_in_use()}
 
-        self.runner = ModelRunner(self.model, cfg, plat, self.device, self.context)
+        # Profile the largest step eagerly on a one-block cache (no block is written).
+        block_size = int(cfg.cache.block_size or 16)
+        self._allocate_cache(1, block_size)
+        self.runner = ModelRunner(self.model, cfg, plat, self.device, compile_model=False)
         self.runner.profile_run(cfg.scheduler.max_num_batched_tokens)
         self.memory["after_profile"] = self._memory_in_use()
         used = max(self.memory.values())
 
         budget_blocks = num_blocks(cfg, plat, used_bytes=used)
-        block_size = int(cfg.cache.block_size or 16)
         per_sequence = math.ceil(cfg.model.max_model_len / block_size)
         if budget_blocks < per_sequence:
             raise ConfigError(
@@ -246,23 +224,24 @@ class LLM:
             hash_fn=hash_function(algo) if cfg.cache.enable_prefix_caching else None,
         )
         start = time.perf_counter()
+        self.runner = ModelRunner(self.model, cfg, plat, self.device)
+        self.runner.warm_up()
         self.captured = self.runner.capture()
-        self.capture_seconds = time.perf_counter() - start
+        self.compile_seconds = time.perf_counter() - start
+        if self.config.cache.cache_dtype in _FP8 and cfg.cache.calculate_kv_scales:
+            # Scales come from the first real step, run eagerly; graphs read the filled buffers.
+            for layer in self.model.attention_layers():
+                layer.calculate_scales = True
+            self.runner.eager_steps = 1
         if self._live:
             plat.synchronize()
 
     def _allocate_cache(self, blocks: int, block_size: int) -> None:
         spec = self.spec
         shape = (blocks, block_size, spec.num_kv_heads, spec.head_dim)
-        fp8 = self.config.cache.cache_dtype in _FP8
-        for key in self._layer_keys:
-            state = attn.layer_state(key)
-            state.key_cache = torch.zeros(shape, dtype=self.cache_dtype, device=self.device)
-            state.value_cache = torch.zeros(shape, dtype=self.cache_dtype, device=self.device)
-            if fp8:
-                state.k_scale = torch.ones((), dtype=torch.float32, device=self.device)
-                state.v_scale = torch.ones((), dtype=torch.float32, device=self.device)
-                state.scales_pending = bool(self.config.cache.calculate_kv_scales)
+        for layer in self.model.attention_layers():
+            layer.key_cache = torch.zeros(shape, dtype=self.cache_dtype, device=self.device)
+            layer.value_cache = torch.zeros(shape, dtype=self.cache_dtype, device=self.device)
 
     def _memory_in_use(self) -> int:
         """Bytes this process holds on the device (0 where the device is not real)."""
@@ -270,9 +249,6 @@ class LLM:
             return 0
         self.platform.synchronize()
         return int(self.platform.get_current_memory_usage(0))
-
-    def __del__(self) -> None:
-        attn.release_layers(getattr(self, "_layer_keys", []))
 
     # -- generation -------------------------------------------------------------------------
     def _check_prompts(self, prompts: Sequence[Sequence[int]], max_tokens: int) -> None:

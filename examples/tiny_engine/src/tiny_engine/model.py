@@ -18,7 +18,7 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 
-from tiny_engine.attention import attention
+from hwplug.attention import AttentionMetadata, unified_attention
 from tiny_engine.checkpoint import CheckpointError, ModelSpec
 
 __all__ = ["CausalLM", "load_weights"]
@@ -65,13 +65,19 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 
 class SelfAttention(nn.Module):
-    """Fused q/k/v projection, optional q/k norms (Qwen3), rotary, paged attention."""
+    """Fused q/k/v projection, optional q/k norms (Qwen3), rotary, paged attention.
 
-    def __init__(self, spec: ModelSpec, layer_index: int, rotary: Rotary, layer_key: str) -> None:
+    Attention runs through ``hwplug::unified_attention`` with the resolved
+    backend; the layer's KV cache and fp8 scales are buffers the engine fills
+    in once it has sized the cache.
+    """
+
+    def __init__(self, spec: ModelSpec, layer_index: int, rotary: Rotary, backend: str) -> None:
         super().__init__()
         self.num_heads = spec.num_heads
         self.num_kv_heads = spec.num_kv_heads
         self.head_dim = spec.head_dim
+        self.scale = spec.head_dim**-0.5
         self.q_size = spec.num_heads * spec.head_dim
         self.kv_size = spec.num_kv_heads * spec.head_dim
         self.qkv_proj = nn.Linear(
@@ -81,11 +87,19 @@ class SelfAttention(nn.Module):
         self.q_norm = RMSNorm(spec.head_dim, spec.rms_norm_eps) if spec.qk_norm else None
         self.k_norm = RMSNorm(spec.head_dim, spec.rms_norm_eps) if spec.qk_norm else None
         self.rotary = rotary
-        self.layer_key = layer_key
-        """The name under which the engine registers this layer's cache and backend."""
+        self.backend = backend
         self.sliding_window = spec.sliding_windows[layer_index]
+        empty = torch.empty(0, 1, spec.num_kv_heads, spec.head_dim)
+        self.register_buffer("key_cache", empty, persistent=False)
+        self.register_buffer("value_cache", empty.clone(), persistent=False)
+        self.register_buffer("k_scale", torch.ones((), dtype=torch.float32), persistent=False)
+        self.register_buffer("v_scale", torch.ones((), dtype=torch.float32), persistent=False)
+        self.calculate_scales = False
+        """Set for one eager step: derive the fp8 scales from that step's keys and values."""
 
-    def forward(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self, positions: torch.Tensor, x: torch.Tensor, metadata: AttentionMetadata
+    ) -> torch.Tensor:
         qkv = self.qkv_proj(x)
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.reshape(-1, self.num_heads, self.head_dim)
@@ -95,7 +109,28 @@ class SelfAttention(nn.Module):
             q = self.q_norm(q)
             k = self.k_norm(k)
         q, k = self.rotary(positions, q, k)
-        out = attention(q.contiguous(), k.contiguous(), v.contiguous(), self.layer_key)
+        k = k.contiguous()
+        v = v.contiguous()
+        if self.calculate_scales:
+            from hwplug.kernels import compute_kv_scales
+
+            k_scale, v_scale = compute_kv_scales(k, v, self.key_cache.dtype)
+            self.k_scale.copy_(k_scale)
+            self.v_scale.copy_(v_scale)
+            self.calculate_scales = False
+        out = unified_attention(
+            q.contiguous(),
+            k,
+            v,
+            self.key_cache,
+            self.value_cache,
+            metadata,
+            backend=self.backend,
+            scale=self.scale,
+            sliding_window=self.sliding_window,
+            k_scale=self.k_scale,
+            v_scale=self.v_scale,
+        )
         return self.o_proj(out.reshape(-1, self.q_size))
 
 
@@ -116,43 +151,60 @@ class MLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, spec: ModelSpec, index: int, rotary: Rotary, layer_key: str) -> None:
+    def __init__(self, spec: ModelSpec, index: int, rotary: Rotary, backend: str) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
-        self.self_attn = SelfAttention(spec, index, rotary, layer_key)
+        self.self_attn = SelfAttention(spec, index, rotary, backend)
         self.post_attention_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
         self.mlp = MLP(spec)
 
-    def forward(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.self_attn(positions, self.input_layernorm(x))
+    def forward(
+        self, positions: torch.Tensor, x: torch.Tensor, metadata: AttentionMetadata
+    ) -> torch.Tensor:
+        x = x + self.self_attn(positions, self.input_layernorm(x), metadata)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
 class CausalLM(nn.Module):
     """Embedding, decoder layers, final norm; :meth:`logits` applies the LM head.
 
-    ``layer_keys[i]`` names layer i's attention state (cache, backend) for
-    :mod:`tiny_engine.attention`.
+    ``backend`` is the hwplug attention backend every layer runs.
     """
 
-    def __init__(self, spec: ModelSpec, layer_keys: list[str], max_positions: int) -> None:
+    def __init__(self, spec: ModelSpec, backend: str, max_positions: int) -> None:
         super().__init__()
         self.spec = spec
         self.embed_tokens = nn.Embedding(spec.vocab_size, spec.hidden_size)
         # One rotary table shared by every layer (not a parameter: no weight in checkpoints).
         rotary = Rotary(spec, max_positions)
         self.layers = nn.ModuleList(
-            DecoderLayer(spec, i, rotary, layer_keys[i]) for i in range(spec.num_layers)
+            DecoderLayer(spec, i, rotary, backend) for i in range(spec.num_layers)
         )
         self.norm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
         self.lm_head = nn.Linear(spec.hidden_size, spec.vocab_size, bias=False)
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """Hidden states after the final norm, ``[num_tokens, hidden_size]``."""
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        query_start_loc: torch.Tensor,
+        seq_lens: torch.Tensor,
+        block_table: torch.Tensor,
+        slot_mapping: torch.Tensor,
+    ) -> torch.Tensor:
+        """Hidden states after the final norm, ``[num_tokens, hidden_size]``.
+
+        The last four arguments are the step's attention metadata (SPEC 12).
+        """
+        metadata = AttentionMetadata(query_start_loc, seq_lens, block_table, slot_mapping)
         x = self.embed_tokens(input_ids)
         for layer in self.layers:
-            x = layer(positions, x)
+            x = layer(positions, x, metadata)
         return self.norm(x)
+
+    def attention_layers(self) -> list[SelfAttention]:
+        """Every layer's attention, in order."""
+        return [layer.self_attn for layer in self.layers]  # type: ignore[union-attr]
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """float32 logits ``[rows, vocab_size]`` of the given hidden states."""

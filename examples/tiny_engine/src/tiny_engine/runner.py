@@ -33,7 +33,6 @@ from hwplug.core.graphs import (
     graph_context,
 )
 from hwplug.core.platform import Platform
-from tiny_engine.attention import StepContext
 from tiny_engine.model import CausalLM
 from tiny_engine.scheduler import Step
 
@@ -69,7 +68,12 @@ def _copy_into(dest: Any, src: Any) -> None:
 
 
 class ModelRunner:
-    """Prepares inputs, dispatches graphs and runs the model for one engine."""
+    """Prepares inputs, dispatches graphs and runs the model for one engine.
+
+    Build it after the KV cache is in the model's layers: compilation and
+    capture trace the model with its final buffers (``compile_model=False``
+    gives an eager runner, for the profile run before the cache is sized).
+    """
 
     def __init__(
         self,
@@ -77,17 +81,18 @@ class ModelRunner:
         config: EngineConfig,
         platform: Platform,
         device: torch.device,
-        context: StepContext,
+        *,
+        compile_model: bool = True,
     ) -> None:
         self.model = model
         self.config = config
         self.platform = platform
         self.device = device
-        self.context = context
         sched = config.scheduler
         self.max_num_seqs = sched.max_num_seqs
         self.block_size = int(config.cache.block_size or 16)
-        self.max_blocks = -(-config.model.max_model_len // self.block_size)
+        self.max_model_len = config.model.max_model_len
+        self.max_blocks = -(-self.max_model_len // self.block_size)
 
         self.graph_backend: GraphBackend | None = None
         """The backend graph wrappers use: None (the platform's own), or the CPU
@@ -96,27 +101,29 @@ class ModelRunner:
         if wrapper_cls is not None and device.type != platform.device_type:
             self.graph_backend = CpuReplayGraphBackend()
         self.dispatcher = GraphDispatcher(config.compilation, max_num_seqs=self.max_num_seqs)
-        max_tokens = max(sched.max_num_batched_tokens, self.dispatcher.max_capture_size)
-        self.max_tokens = max_tokens
+        self.max_tokens = max(sched.max_num_batched_tokens, self.dispatcher.max_capture_size)
 
         def buffer(*shape: int, dtype: torch.dtype) -> torch.Tensor:
             return torch.zeros(shape, dtype=dtype, device=device)
 
-        self.input_ids = buffer(max_tokens, dtype=torch.int64)
-        self.positions = buffer(max_tokens, dtype=torch.int64)
-        self.slot_mapping = buffer(max_tokens, dtype=torch.int64)
+        self.input_ids = buffer(self.max_tokens, dtype=torch.int64)
+        self.positions = buffer(self.max_tokens, dtype=torch.int64)
+        self.slot_mapping = buffer(self.max_tokens, dtype=torch.int64)
         self.query_start_loc = buffer(self.max_num_seqs + 1, dtype=torch.int32)
         self.seq_lens = buffer(self.max_num_seqs, dtype=torch.int32)
         self.block_table = buffer(self.max_num_seqs, self.max_blocks, dtype=torch.int32)
         self._pin = device.type == "cuda"
 
-        self.compiled: Callable[..., torch.Tensor] = self._compile()
+        self.compiled: Callable[..., torch.Tensor] = self._compile() if compile_model else model
         self.full_graph: Callable[..., torch.Tensor] | None = None
-        if wrapper_cls is not None and CUDAGraphMode.FULL in self.dispatcher.runtime_modes:
+        full = CUDAGraphMode.FULL in self.dispatcher.runtime_modes
+        if wrapper_cls is not None and compile_model and full:
             self.full_graph = wrapper_cls(
                 self.compiled, config.compilation, CUDAGraphMode.FULL, backend=self.graph_backend
             )
         self.captured: list[tuple[CUDAGraphMode, BatchDescriptor]] = []
+        self.eager_steps = 0
+        """Steps still to run eagerly, without compiled code or graphs (fp8 scale steps)."""
 
     # -- compilation --------------------------------------------------------------------
     def _compile(self) -> Callable[..., torch.Tensor]:
@@ -124,6 +131,16 @@ class ModelRunner:
         level = int(comp.level or 0)
         if level == 0:
             return self.model
+        if (
+            level == 3
+            and CUDAGraphMode.PIECEWISE in self.dispatcher.runtime_modes
+            and not comp.cudagraph_copy_inputs
+        ):
+            # WORKAROUND (hwplug defect): hwplug::unified_attention returns a new tensor
+            # on every call, so the piece after it is handed a different buffer each step;
+            # a piecewise graph replays its captured inputs unless it copies them in.
+            comp = comp.copy()
+            comp.cudagraph_copy_inputs = True
         backend = comp.init_backend(self.config)
         if level == 3 and self.graph_backend is not None:
             backend = _bind_graph_backend(backend, self.graph_backend)
@@ -135,9 +152,29 @@ class ModelRunner:
         tensor = torch.tensor(values, dtype=dtype)
         return tensor.pin_memory() if self._pin else tensor
 
-    def prepare(self, step: Step) -> tuple[CUDAGraphMode, BatchDescriptor, list[int]]:
-        """Write ``step``'s inputs into the buffers; returns the runtime mode, the key
-        and the rows whose logits are needed (-1: no token to sample)."""
+    def _args(self, num_tokens: int, batch: int) -> tuple[torch.Tensor, ...]:
+        return (
+            self.input_ids[:num_tokens],
+            self.positions[:num_tokens],
+            self.query_start_loc[: batch + 1],
+            self.seq_lens[:batch],
+            self.block_table[:batch],
+            self.slot_mapping[:num_tokens],
+        )
+
+    def _graph_batch(self, padded: int) -> int:
+        """Sequences in a FULL graph of ``padded`` tokens (the unused ones are empty)."""
+        return min(padded, self.max_num_seqs)
+
+    def prepare(
+        self, step: Step
+    ) -> tuple[CUDAGraphMode, BatchDescriptor, tuple[torch.Tensor, ...], list[int]]:
+        """Write ``step``'s inputs into the buffers.
+
+        Returns the runtime mode, the graph key, the model's arguments and, per
+        sequence, the row whose logits are sampled (-1: a prompt chunk that
+        does not end its prompt).
+        """
         ids: list[int] = []
         positions: list[int] = []
         slots: list[int] = []
@@ -158,27 +195,16 @@ class ModelRunner:
             table[b, : len(blocks)] = torch.tensor(blocks, dtype=torch.int32)
             rows.append(starts[-1] - 1 if end == len(seq.tokens) else -1)
         num_tokens = starts[-1]
-        mode, key = self.dispatcher.dispatch(BatchDescriptor(num_tokens, step.is_uniform_decode))
+        if self.eager_steps:
+            mode, key = CUDAGraphMode.NONE, BatchDescriptor(num_tokens)
+        else:
+            mode, key = self.dispatcher.dispatch(
+                BatchDescriptor(num_tokens, step.is_uniform_decode)
+            )
         padded = key.num_tokens if mode is not CUDAGraphMode.NONE else num_tokens
         num_seqs = len(step.seqs)
-        self._write(ids, positions, slots, starts, lens, table, num_tokens, padded, num_seqs, mode)
-        return mode, key, rows
-
-    def _write(
-        self,
-        ids: list[int],
-        positions: list[int],
-        slots: list[int],
-        starts: list[int],
-        lens: list[int],
-        table: torch.Tensor,
-        num_tokens: int,
-        padded: int,
-        num_seqs: int,
-        mode: CUDAGraphMode,
-    ) -> None:
-        pad = padded - num_tokens
-        nb = self._pin
+        batch = self._graph_batch(padded) if mode is CUDAGraphMode.FULL else num_seqs
+        pad, extra, nb = padded - num_tokens, batch - num_seqs, self._pin
         self.input_ids[:padded].copy_(self._host(ids + [0] * pad, torch.int64), non_blocking=nb)
         self.positions[:padded].copy_(
             self._host(positions + [0] * pad, torch.int64), non_blocking=nb
@@ -186,35 +212,44 @@ class ModelRunner:
         self.slot_mapping[:padded].copy_(
             self._host(slots + [-1] * pad, torch.int64), non_blocking=nb
         )
-        # A FULL graph has a fixed number of sequences per key: the extra ones are empty.
-        batch = self._graph_batch(padded) if mode is CUDAGraphMode.FULL else num_seqs
-        extra = batch - num_seqs
         self.query_start_loc[: batch + 1].copy_(
             self._host(starts + [num_tokens] * extra, torch.int32), non_blocking=nb
         )
         self.seq_lens[:batch].copy_(self._host(lens + [0] * extra, torch.int32), non_blocking=nb)
         self.block_table[:num_seqs].copy_(table, non_blocking=nb)
-        self._set_metadata(num_tokens, padded, batch)
+        return mode, key, self._args(padded, batch), rows
 
-    def _graph_batch(self, padded: int) -> int:
-        return min(padded, self.max_num_seqs)
+    def _dummy_inputs(self, num_tokens: int, batch: int, uniform: bool) -> tuple[torch.Tensor, ...]:
+        """A batch of ``num_tokens`` tokens in ``batch`` sequences that writes nothing."""
+        if uniform:
+            lens = [1] * batch
+        else:
+            lens = [
+                num_tokens // batch + (1 if i < num_tokens % batch else 0) for i in range(batch)
+            ]
+        starts = [0]
+        for q in lens:
+            starts.append(starts[-1] + q)
+        self.input_ids[:num_tokens].zero_()
+        self.positions[:num_tokens].zero_()
+        self.slot_mapping[:num_tokens].fill_(-1)
+        self.query_start_loc[: batch + 1].copy_(torch.tensor(starts, dtype=torch.int32))
+        self.seq_lens[:batch].copy_(torch.tensor(lens, dtype=torch.int32))
+        self.block_table[:batch].zero_()
+        return self._args(num_tokens, batch)
 
-    def _set_metadata(self, num_tokens: int, padded: int, batch: int) -> None:
-        from hwplug.attention import AttentionMetadata
-
-        self.context.metadata = AttentionMetadata(
-            query_start_loc=self.query_start_loc[: batch + 1],
-            seq_lens=self.seq_lens[:batch],
-            block_table=self.block_table[:batch],
-            slot_mapping=self.slot_mapping[:padded],
-        )
-        self.context.num_tokens = num_tokens
+    def _dummy_batch(self, num_tokens: int) -> int:
+        """Fewest sequences that hold ``num_tokens`` tokens within ``max_model_len`` each."""
+        return min(self.max_num_seqs, -(-num_tokens // self.max_model_len))
 
     # -- running ------------------------------------------------------------------------
-    def forward(self, mode: CUDAGraphMode, key: BatchDescriptor, num_tokens: int) -> torch.Tensor:
-        """Hidden states of the prepared step, ``[padded tokens, hidden]``."""
-        padded = key.num_tokens if mode is not CUDAGraphMode.NONE else num_tokens
-        args = (self.input_ids[:padded], self.positions[:padded])
+    def forward(
+        self, mode: CUDAGraphMode, key: BatchDescriptor, args: tuple[torch.Tensor, ...]
+    ) -> torch.Tensor:
+        """Hidden states of prepared inputs, ``[padded tokens, hidden]``."""
+        if self.eager_steps:
+            self.eager_steps -= 1
+            return self.model(*args)
         if mode is CUDAGraphMode.NONE:
             return self.compiled(*args)
         with graph_context(mode, key):
@@ -224,9 +259,9 @@ class ModelRunner:
 
     def execute(self, step: Step) -> tuple[torch.Tensor, list[int]]:
         """Run ``step``; returns float32 logits of the sampled rows and, per sequence,
-        its row in them (-1 for a prompt chunk that does not end the prompt)."""
-        mode, key, rows = self.prepare(step)
-        hidden = self.forward(mode, key, step.num_tokens)
+        its row in them (-1: nothing to sample)."""
+        mode, key, args, rows = self.prepare(step)
+        hidden = self.forward(mode, key, args)
         wanted = [r for r in rows if r >= 0]
         index = torch.tensor(wanted, dtype=torch.int64, device=self.device)
         logits = self.model.logits(hidden.index_select(0, index))
@@ -237,26 +272,26 @@ class ModelRunner:
             k += r >= 0
         return logits, order
 
-    # -- profiling and capture ------------------------------------------------------------
+    # -- profiling, compilation and capture -------------------------------------------------
     def profile_run(self, num_tokens: int) -> None:
-        """A forward of ``num_tokens`` dummy tokens without a KV cache (measures activations)."""
-        saved = self.context.metadata
-        self.context.metadata = None
-        try:
-            n = min(num_tokens, self.max_tokens)
-            self.input_ids[:n].zero_()
-            self.positions[:n].zero_()
-            ids, positions = self.input_ids[:n], self.positions[:n]
-            if self.compiled is not self.model:
-                # One graph for every token count, 1 included (no 0/1 specialisation).
-                torch._dynamo.decorators.mark_unbacked(ids, 0)
-                torch._dynamo.decorators.mark_unbacked(positions, 0)
-            self.compiled(ids, positions)
-        finally:
-            self.context.metadata = saved
+        """An eager forward of ``num_tokens`` dummy tokens (the largest step) that
+        writes nothing to the cache."""
+        n = min(num_tokens, self.max_tokens)
+        self.model(*self._dummy_inputs(n, self._dummy_batch(n), uniform=False))
+
+    def warm_up(self) -> None:
+        """Compile now rather than in the first step: one graph for every step size."""
+        if self.compiled is self.model:
+            return
+        n = self.max_tokens
+        args = self._dummy_inputs(n, self._dummy_batch(n), uniform=False)
+        for t in args:
+            # One graph for every size, 1 included (no 0/1 specialisation).
+            torch._dynamo.decorators.mark_unbacked(t, 0)
+        self.compiled(*args)
 
     def _dummy_step(self, key: BatchDescriptor) -> None:
-        """Run a forward shaped like graph key ``key`` that writes nothing to the cache."""
+        """Run a forward shaped like graph key ``key`` (called by ``capture_graphs``)."""
         n = key.num_tokens
         mode = current_graph_context().runtime_mode
         if mode is CUDAGraphMode.FULL:
@@ -264,20 +299,8 @@ class ModelRunner:
         elif key.uniform_decode:
             batch = n
         else:
-            longest = self.config.model.max_model_len
-            batch = min(self.max_num_seqs, -(-n // longest))
-        lens = [n // batch + (1 if i < n % batch else 0) for i in range(batch)]
-        starts = [0]
-        for q in lens:
-            starts.append(starts[-1] + q)
-        self.input_ids[:n].zero_()
-        self.positions[:n].zero_()
-        self.slot_mapping[:n].fill_(-1)
-        self.query_start_loc[: batch + 1].copy_(torch.tensor(starts, dtype=torch.int32))
-        self.seq_lens[:batch].copy_(torch.tensor(lens, dtype=torch.int32))
-        self.block_table[:batch].zero_()
-        self._set_metadata(n, n, batch)
-        args = (self.input_ids[:n], self.positions[:n])
+            batch = self._dummy_batch(n)
+        args = self._dummy_inputs(n, batch, uniform=key.uniform_decode)
         if mode is CUDAGraphMode.FULL and self.full_graph is not None:
             self.full_graph(*args)
         else:
