@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# Run every GPU-marked test in the repository, then the KV-write benchmark if present.
+# Run every GPU-marked test in the repository, a CUDA-graph capture/replay check of the
+# Triton attention, then the KV-write and attention benchmarks if present.
 # Usage: scripts/gpu_checks.sh   (from anywhere; uses .venv/bin/python when it exists)
-# With $OUT set, results go under it: pytest.txt, junit.xml, bench_kv_write.json, nvidia-smi.txt.
+# With $OUT set, results go under it: pytest.txt, junit.xml, attention_graph.txt,
+# bench_kv_write.json, bench_attention.json, nvidia-smi.txt.
 set -uo pipefail
 
 cd "$(dirname "$0")/.."
@@ -24,8 +26,21 @@ junit=()
 "$PYTHON" -m pytest -m gpu -q -rA -p no:cacheprovider "${junit[@]}" tests 2>&1 | save pytest.txt
 [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 
+# the Triton attention forward captured in a CUDA graph and replayed on a new step
+if [ -f tests/attention/test_gpu.py ]; then
+    "$PYTHON" -m pytest -q -rA -p no:cacheprovider tests/attention/test_gpu.py \
+        -k "cuda_graph or synchronises" 2>&1 | save attention_graph.txt
+    [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+fi
+
 if [ -f benchmarks/bench_kv_write.py ]; then
     "$PYTHON" benchmarks/bench_kv_write.py 2>&1 | save bench_kv_write.json
+    [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+fi
+
+# exits 1 when its own CUDA-graph replay differs from an eager forward
+if [ -f benchmarks/bench_attention.py ]; then
+    "$PYTHON" benchmarks/bench_attention.py 2>&1 | save bench_attention.json
     [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 fi
 
