@@ -22,7 +22,7 @@ from hwplug.core.graphs import (
     capture_graphs,
     graph_context,
 )
-from hwplug.platforms.graph_backends import CUDAGraphWrapper
+from hwplug.platforms.cuda_graphs import CUDAGraphWrapper
 
 HIDDEN = 8
 

@@ -97,7 +97,7 @@ def test_importing_the_graph_and_op_modules_does_not_import_torch() -> None:
     code = (
         "import sys\n"
         "import hwplug.core.custom_op as c, hwplug.core.graphs, hwplug.compilation\n"
-        "import hwplug.platforms.graph_backends\n"
+        "import hwplug.platforms.cuda_graphs\nimport hwplug.platforms.hpu.graphs\n"
         "assert c.custom_op_enabled('x', __import__('hwplug.core.config').core.config"
         ".CompilationConfig(custom_ops=['+x']))\n"
         "assert 'torch' not in sys.modules, 'torch imported'\n"

@@ -24,14 +24,10 @@ from hwplug.core.graphs import (
     graph_context,
     is_capture_enabled,
 )
-from hwplug.platforms import graph_backends
-from hwplug.platforms.graph_backends import (
-    CudaGraphBackend,
-    CUDAGraphWrapper,
-    HpuGraphBackend,
-    HPUGraphWrapper,
-    non_owning_alias,
-)
+from hwplug.platforms import cuda_graphs
+from hwplug.platforms.cuda_graphs import CudaGraphBackend, CUDAGraphWrapper, non_owning_alias
+from hwplug.platforms.hpu import graphs as hpu_graphs
+from hwplug.platforms.hpu.graphs import HpuGraphBackend, HPUGraphWrapper
 
 NONE = CUDAGraphMode.NONE
 PIECEWISE = CUDAGraphMode.PIECEWISE
@@ -575,6 +571,6 @@ def test_platforms_hand_out_their_graph_wrapper(profile: str, wrapper: type | No
         assert platform.graph_wrapper_cls() is wrapper
 
 
-def test_graph_backends_module_imports_no_device_stack() -> None:
-    assert graph_backends.__all__
+def test_graph_backend_modules_import_no_device_stack() -> None:
+    assert cuda_graphs.__all__ and hpu_graphs.__all__
     assert "habana_frameworks" not in sys.modules or sys.modules["habana_frameworks"] is None

@@ -18,7 +18,7 @@ from hwplug.core.graphs import (
     capture_phase,
     graph_context,
 )
-from hwplug.platforms.graph_backends import CudaGraphBackend, CUDAGraphWrapper
+from hwplug.platforms.cuda_graphs import CudaGraphBackend, CUDAGraphWrapper
 
 pytestmark = [
     pytest.mark.gpu,

@@ -20,8 +20,8 @@ from hwplug.core.config import (
     SchedulerConfig,
 )
 from hwplug.core.platform import DeviceInfo
-from hwplug.platforms import probes
 from hwplug.platforms.cpu import KVCACHE_SPACE_ENV, CpuPlatform
+from hwplug.platforms.cpu import probe as cpu_probe
 from tests.platforms.fakes import XEON_FLAGS, FakeRoot, empty_box
 
 GiB = 1 << 30
@@ -75,7 +75,7 @@ def test_profiles_are_the_documented_devices() -> None:
 
 def test_detect_always_finds_one_cpu(tmp_path, monkeypatch) -> None:
     monkeypatch.setenv("HWPLUG_PROBE_ROOT", str(empty_box(tmp_path)))
-    monkeypatch.setattr(probes, "ipex_available", lambda: False)
+    monkeypatch.setattr(cpu_probe, "ipex_available", lambda: False)
     (cpu,) = CpuPlatform.detect()
     assert cpu.name == "AMD Ryzen 9 7950X 16-Core Processor"
     assert "avx2" in cpu.features
@@ -88,7 +88,7 @@ def test_detect_sees_ipex(tmp_path, monkeypatch) -> None:
     root.cpuinfo(model_name="Intel(R) Xeon(R) Platinum 8480+", flags=XEON_FLAGS)
     root.meminfo(512 * GiB)
     monkeypatch.setenv("HWPLUG_PROBE_ROOT", str(root))
-    monkeypatch.setattr(probes, "ipex_available", lambda: True)
+    monkeypatch.setattr(cpu_probe, "ipex_available", lambda: True)
     (cpu,) = CpuPlatform.detect()
     assert {"ipex", "amx_bf16", "avx512f"} <= cpu.features
     plat = CpuPlatform([cpu])

@@ -331,7 +331,7 @@ def test_executor_is_kept_as_given() -> None:
 
 
 def test_graph_wrapper_is_the_cuda_graph_wrapper() -> None:
-    from hwplug.platforms.graph_backends import CUDAGraphWrapper
+    from hwplug.platforms.cuda_graphs import CUDAGraphWrapper
 
     assert CudaPlatform.simulate("h100").graph_wrapper_cls() is CUDAGraphWrapper
 
@@ -359,8 +359,7 @@ def test_capability_queries_on_simulated_devices() -> None:
 def test_capability_unknown_means_no_capability_rule_applies(monkeypatch) -> None:
     # A real GPU whose capability nothing can tell (no NVML, no CUDA runtime).
     monkeypatch.setitem(sys.modules, "pynvml", None)
-    monkeypatch.setattr("hwplug.platforms.cuda.torch_cuda_query", lambda what, query: None)
-    monkeypatch.setattr("hwplug.platforms._common.torch_cuda_query", lambda what, query: None)
+    monkeypatch.setattr("hwplug.platforms.builtin.torch_cuda_query", lambda what, query: None)
     plat = CudaPlatform([DeviceInfo("NVIDIA GPU [10de:ffff]", 0)])
     assert plat.supported_cache_dtypes() == CudaPlatform.cache_dtypes
     assert plat.supported_model_dtypes() == ("bfloat16", "float16", "float32")

@@ -245,7 +245,7 @@ def test_enforce_eager_turns_graphs_off() -> None:
 
 
 def test_graph_wrapper_is_the_hpu_graph_wrapper() -> None:
-    from hwplug.platforms.graph_backends import HPUGraphWrapper
+    from hwplug.platforms.hpu.graphs import HPUGraphWrapper
 
     assert HpuPlatform.simulate("gaudi2").graph_wrapper_cls() is HPUGraphWrapper
 

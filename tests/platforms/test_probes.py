@@ -14,7 +14,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from hwplug.core.platform import DeviceCapability, DeviceInfo
-from hwplug.platforms import probes
 from hwplug.platforms.probes import (
     cpu_numa_nodes,
     ipex_available,
@@ -50,7 +49,7 @@ def _no_vendor_libraries(monkeypatch: pytest.MonkeyPatch) -> None:
     """Tests see no real NVML/amdsmi/IPEX unless they install a mock."""
     monkeypatch.setitem(sys.modules, "pynvml", None)
     monkeypatch.setitem(sys.modules, "amdsmi", None)
-    monkeypatch.setattr(probes, "ipex_available", lambda: False)
+    monkeypatch.setattr("hwplug.platforms.cpu.probe.ipex_available", lambda: False)
     monkeypatch.delenv("HWPLUG_PROBE_ROOT", raising=False)
 
 
@@ -233,7 +232,7 @@ def test_nvml_with_no_gpus_is_authoritative(
 ) -> None:
     # In a container without GPUs, sysfs still shows the host's: NVML wins.
     monkeypatch.setitem(sys.modules, "pynvml", make_pynvml([]))
-    monkeypatch.setattr(probes, "_is_host_root", lambda root: True)
+    monkeypatch.setattr("hwplug.platforms.cuda.probe.is_host_root", lambda root: True)
     assert probe_nvidia(nvidia_box(tmp_path), env={}) == []
 
 
@@ -249,7 +248,7 @@ def test_nvml_error_falls_back_to_sysfs_and_logs_why(
 ) -> None:
     nvml = make_pynvml(NVML_GPUS, fail_on=fail_on)
     monkeypatch.setitem(sys.modules, "pynvml", nvml)
-    monkeypatch.setattr(probes, "_is_host_root", lambda root: True)
+    monkeypatch.setattr("hwplug.platforms.cuda.probe.is_host_root", lambda root: True)
     with caplog.at_level(logging.DEBUG, logger="hwplug.probes"):
         devices = probe_nvidia(nvidia_box(tmp_path, count=3), env={})
     assert devices == [PROFILES["cuda"]["h100"]] * 3
@@ -261,7 +260,7 @@ def test_nvml_error_falls_back_to_sysfs_and_logs_why(
 def test_nvml_library_missing_falls_back(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     nvml = make_pynvml(NVML_GPUS, fail_on="nvmlInit", error=NVMLError_LibraryNotFound)
     monkeypatch.setitem(sys.modules, "pynvml", nvml)
-    monkeypatch.setattr(probes, "_is_host_root", lambda root: True)
+    monkeypatch.setattr("hwplug.platforms.cuda.probe.is_host_root", lambda root: True)
     assert len(probe_nvidia(nvidia_box(tmp_path, count=2), env={})) == 2
 
 
@@ -280,7 +279,7 @@ def test_nvml_is_not_used_for_a_fake_root_or_when_disabled(
     nvml = make_pynvml(NVML_GPUS)
     monkeypatch.setitem(sys.modules, "pynvml", nvml)
     assert len(probe_nvidia(nvidia_box(tmp_path), env={})) == 8
-    monkeypatch.setattr(probes, "_is_host_root", lambda root: True)
+    monkeypatch.setattr("hwplug.platforms.cuda.probe.is_host_root", lambda root: True)
     assert len(probe_nvidia(tmp_path, env={}, use_nvml=False)) == 8
     assert sum(nvml.calls.values()) == 0
 
@@ -479,7 +478,7 @@ def test_amdsmi_error_falls_back_to_kfd(
 ) -> None:
     smi = make_amdsmi([FakeAMDGPU()], fail_on=fail_on)
     monkeypatch.setitem(sys.modules, "amdsmi", smi)
-    monkeypatch.setattr(probes, "_is_host_root", lambda root: True)
+    monkeypatch.setattr("hwplug.platforms.rocm.probe.is_host_root", lambda root: True)
     with caplog.at_level(logging.DEBUG, logger="hwplug.probes"):
         devices = probe_amd(amd_box(tmp_path, count=2), env={})
     assert devices == [PROFILES["rocm"]["mi300x"]] * 2
@@ -494,7 +493,7 @@ def test_amdsmi_is_skipped_for_fake_roots_and_when_disabled(
     monkeypatch.setitem(sys.modules, "amdsmi", smi)
     root = amd_box(tmp_path, count=3)
     assert len(probe_amd(root, env={})) == 3
-    monkeypatch.setattr(probes, "_is_host_root", lambda root: True)
+    monkeypatch.setattr("hwplug.platforms.rocm.probe.is_host_root", lambda root: True)
     assert len(probe_amd(root, env={}, use_amdsmi=False)) == 3
     assert sum(smi.calls.values()) == 0
 
@@ -721,7 +720,7 @@ def test_cpu_xeon_features_name_and_memory(tmp_path: Path) -> None:
 def test_cpu_adds_ipex_when_installed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     root = FakeRoot(tmp_path)
     root.cpuinfo(model_name="Intel(R) Xeon(R) Platinum 8480+", flags=XEON_FLAGS)
-    monkeypatch.setattr(probes, "ipex_available", lambda: True)
+    monkeypatch.setattr("hwplug.platforms.cpu.probe.ipex_available", lambda: True)
     assert probe_cpu(root, env={}).features == PROFILES["cpu"]["xeon-spr"].features
 
 
@@ -759,9 +758,9 @@ def test_ipex_available_never_imports(monkeypatch: pytest.MonkeyPatch) -> None:
         seen.append(name)
         return object() if name == "intel_extension_for_pytorch" else None
 
-    monkeypatch.setattr(probes.importlib.util, "find_spec", find_spec)
+    monkeypatch.setattr("importlib.util.find_spec", find_spec)
     assert ipex_available() is True
-    monkeypatch.setattr(probes.importlib.util, "find_spec", lambda name, package=None: None)
+    monkeypatch.setattr("importlib.util.find_spec", lambda name, package=None: None)
     assert ipex_available() is False
     assert seen == ["intel_extension_for_pytorch"]
     assert "intel_extension_for_pytorch" not in sys.modules

@@ -10,8 +10,8 @@ import hwplug
 from hwplug import ConfigError
 from hwplug.core.config import CacheConfig, CUDAGraphMode, EngineConfig, ModelConfig
 from hwplug.core.platform import DeviceCapability, DeviceInfo
-from hwplug.platforms._common import gfx_capability, gfx_version
 from hwplug.platforms.rocm import RocmPlatform
+from hwplug.platforms.rocm.gfx import gfx_capability, gfx_version
 from tests.platforms.fakes import amd_box, empty_box
 
 ROCM_PROFILES = ("mi300x", "mi325x", "mi355x", "mi250x", "rx7900xtx")
@@ -275,7 +275,7 @@ def test_default_is_piecewise_with_hip_graphs() -> None:
 
 
 def test_graph_wrapper_is_the_cuda_graph_wrapper() -> None:
-    from hwplug.platforms.graph_backends import CUDAGraphWrapper
+    from hwplug.platforms.cuda_graphs import CUDAGraphWrapper
 
     assert RocmPlatform.simulate("mi300x").graph_wrapper_cls() is CUDAGraphWrapper
 

@@ -58,6 +58,16 @@ def test_dist_backend_follows_the_installed_torch() -> None:
     assert XpuPlatform.dist_backend == expected
 
 
+@pytest.fixture
+def fresh_torch_version():
+    """The torch version is read once per process: forget it around the test."""
+    from hwplug.core.config._common import torch_version
+
+    torch_version.cache_clear()
+    yield
+    torch_version.cache_clear()
+
+
 @pytest.mark.parametrize(
     ("version", "expected"),
     [
@@ -68,11 +78,13 @@ def test_dist_backend_follows_the_installed_torch() -> None:
         ("2.6", "ccl"),
     ],
 )
+@pytest.mark.usefixtures("fresh_torch_version")
 def test_xpu_dist_backend_by_version(monkeypatch, version: str, expected: str) -> None:
     monkeypatch.setattr(metadata, "version", lambda name: version)
     assert xpu_dist_backend() == expected
 
 
+@pytest.mark.usefixtures("fresh_torch_version")
 def test_xpu_dist_backend_without_torch(monkeypatch) -> None:
     def missing(name: str) -> str:
         raise metadata.PackageNotFoundError(name)

@@ -16,6 +16,7 @@ import pickle
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
+from hwplug.core.dtypes import cache_dtype_names
 from hwplug.core.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -37,8 +38,9 @@ __all__ = [
 
 GiB = 1 << 30
 
-CACHE_DTYPES: tuple[str, ...] = ("auto", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc")
-"""The ``cache.cache_dtype`` strings."""
+CACHE_DTYPES: tuple[str, ...] = cache_dtype_names()
+"""The built-in ``cache.cache_dtype`` strings (the registry is
+:data:`hwplug.core.dtypes.CACHE_DTYPE_FORMATS`)."""
 
 HASH_ALGORITHMS: tuple[str, ...] = ("sha256", "sha256_cbor")
 """The ``cache.prefix_caching_hash_algo`` names."""
@@ -116,47 +118,25 @@ def cache_dtype_to_torch(
     """The torch dtype a ``cache.cache_dtype`` string stores on ``platform``.
 
     ``auto`` follows the model dtype (``auto`` there means the platform's first
-    supported model dtype); ``bfloat16`` is bfloat16; ``fp8`` is the platform's
-    :meth:`~hwplug.core.platform.Platform.fp8_dtype`; ``fp8_e4m3`` is
+    supported model dtype); every other string is mapped by the platform
+    (:meth:`~hwplug.core.platform.Platform.cache_dtype_torch_name`): ``fp8`` is
+    its :meth:`~hwplug.core.platform.Platform.fp8_dtype`, ``fp8_e4m3`` is
     ``float8_e4m3fnuz`` where the platform uses the FNUZ encoding, else
-    ``float8_e4m3fn``; ``fp8_e5m2`` is ``float8_e5m2``; ``fp8_inc`` (Intel
-    Gaudi's format) is ``float8_e4m3fn`` on HPU only.
+    ``float8_e4m3fn``, ``fp8_e5m2`` is ``float8_e5m2``.
 
     This maps names; whether the device can store the dtype is the platform's
     verdict (:meth:`~hwplug.core.platform.Platform.is_kv_cache_dtype_supported`).
 
-    :raises ConfigError: an unknown string, ``fp8_inc`` off HPU, plain ``fp8``
-        on HPU, or a model dtype that is not one.
+    :raises ConfigError: an unknown string, a format the platform lacks, or a
+        model dtype that is not one.
     """
     import torch
 
     if cache_dtype == "auto":
         return _model_dtype(model_dtype, platform)
-    if cache_dtype == "bfloat16":
-        return torch.bfloat16
-    if cache_dtype == "fp8":
-        if platform.is_hpu():
-            raise ConfigError(
-                f"cache.cache_dtype='fp8' has no meaning on {platform.describe_device()}: "
-                "Gaudi stores fp8 KV caches only as fp8_inc; use fp8_inc"
-            )
-        return platform.fp8_dtype()
-    if cache_dtype == "fp8_e4m3":
-        return torch.float8_e4m3fnuz if platform.is_fp8_fnuz() else torch.float8_e4m3fn
-    if cache_dtype == "fp8_e5m2":
-        return torch.float8_e5m2
-    if cache_dtype == "fp8_inc":
-        if not platform.is_hpu():
-            raise ConfigError(
-                "cache.cache_dtype='fp8_inc' is the Intel Gaudi (HPU) format and is not "
-                f"available on {platform.describe_device()}; use one of: "
-                f"{', '.join(platform.supported_cache_dtypes())}"
-            )
-        return torch.float8_e4m3fn
-    raise ConfigError(
-        f"cache.cache_dtype={cache_dtype!r} is not a cache dtype; use one of: "
-        f"{', '.join(CACHE_DTYPES)}"
-    )
+    dtype = getattr(torch, platform.cache_dtype_torch_name(cache_dtype))
+    assert isinstance(dtype, torch.dtype)
+    return dtype
 
 
 def _resolve_dtype(dtype: object) -> torch.dtype:
@@ -333,7 +313,7 @@ def num_blocks(config: EngineConfig, platform: Platform, used_bytes: int = 0) ->
         source = remedy = "cache.kv_cache_memory_bytes"
     else:
         budget = platform.kv_cache_budget_bytes(config, used_bytes)
-        source, remedy = _budget_source(config, platform, used_bytes)
+        source, remedy = platform.kv_cache_budget_source(config, used_bytes)
     blocks = max(budget, 0) // spec.bytes_per_block
     step = config.scheduler.max_num_batched_tokens
     needed_blocks = spec.blocks_per_sequence(config.model.max_model_len, step)
@@ -354,21 +334,6 @@ def num_blocks(config: EngineConfig, platform: Platform, used_bytes: int = 0) ->
             "model.max_model_len, or store the cache in fp8 (cache.cache_dtype)"
         )
     return blocks
-
-
-def _budget_source(config: EngineConfig, platform: Platform, used_bytes: int) -> tuple[str, str]:
-    """Where the platform's budget came from, and the setting that raises it."""
-    if platform.is_cpu():
-        if config.cache.cpu_kvcache_space_bytes is not None:
-            return "cache.cpu_kvcache_space_bytes", "cache.cpu_kvcache_space_bytes"
-        return "the CPU KV-cache space", "cache.cpu_kvcache_space_bytes"
-    total = platform.get_device_total_memory(0) if platform.devices else 0
-    used = f" minus {_size(used_bytes)} already used" if used_bytes else ""
-    source = (
-        f"cache.gpu_memory_utilization={config.cache.gpu_memory_utilization} x "
-        f"{total / GiB:.2f} GiB of device memory{used}"
-    )
-    return source, "cache.gpu_memory_utilization (or set cache.kv_cache_memory_bytes)"
 
 
 # -- prefix-cache block hashes ------------------------------------------------------------

@@ -17,7 +17,7 @@ from collections.abc import Iterable, Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
 
-from hwplug.core.dtypes import canonical_dtype
+from hwplug.core.dtypes import CACHE_DTYPE_FORMATS, canonical_dtype
 from hwplug.core.errors import ConfigError, brief
 
 if TYPE_CHECKING:
@@ -267,6 +267,8 @@ class Platform:
     """Chunked prefill filled in when ``scheduler.enable_chunked_prefill`` is unset."""
     representative_profile: ClassVar[str | None] = None
     """The profile that stands for this platform in test matrices and ``use_platform(name)``."""
+    custom_op_forward: ClassVar[str] = "forward_oot"
+    """The method an enabled custom op runs here (``forward_cuda``, ``forward_cpu``...)."""
 
     def __init__(
         self,
@@ -422,15 +424,44 @@ class Platform:
         if cache_dtype in self.cache_dtypes:
             return None
         allowed = ", ".join(self.cache_dtypes)
-        if cache_dtype == "fp8_inc":
+        fmt = CACHE_DTYPE_FORMATS.get(cache_dtype)
+        if fmt is not None and fmt.listed_only and fmt.note:
             return (
-                f"cache.cache_dtype='fp8_inc' is the Intel Gaudi (HPU) format and is not "
-                f"available on {self.describe_device()}; use one of: {allowed}"
+                f"cache.cache_dtype={cache_dtype!r} is {fmt.note} and is not available on "
+                f"{self.describe_device()}; use one of: {allowed}"
             )
         return (
             f"cache.cache_dtype={cache_dtype!r} is not supported on {self.describe_device()}; "
             f"use one of: {allowed}"
         )
+
+    def cache_dtype_torch_name(self, cache_dtype: str) -> str:
+        """The torch dtype name a (non-``auto``) ``cache.cache_dtype`` stores here.
+
+        ``fp8`` is :attr:`fp8_dtype_name`; formats with an FNUZ variant take it
+        where :meth:`is_fp8_fnuz`; a format only some platforms have (see
+        :class:`~hwplug.core.dtypes.CacheDtypeFormat`) must be in
+        :attr:`cache_dtypes`. This maps names; whether this device can store
+        the dtype is :meth:`cache_dtype_problem`'s verdict.
+
+        :raises ConfigError: an unknown string, or a format this platform lacks.
+        """
+        fmt = CACHE_DTYPE_FORMATS.get(cache_dtype)
+        if fmt is None or cache_dtype == "auto":
+            raise ConfigError(
+                f"cache.cache_dtype={brief(cache_dtype)} is not a cache dtype; use one of: "
+                f"{', '.join(CACHE_DTYPE_FORMATS)}"
+            )
+        if fmt.listed_only and cache_dtype not in self.cache_dtypes:
+            raise ConfigError(
+                Platform.cache_dtype_problem(self, cache_dtype, None)
+                or f"cache.cache_dtype={cache_dtype!r} is not available here"
+            )
+        if fmt.torch_name is None:
+            return self.fp8_dtype_name
+        if fmt.fnuz_torch_name is not None and self.is_fp8_fnuz():
+            return fmt.fnuz_torch_name
+        return fmt.torch_name
 
     def is_kv_cache_dtype_supported(self, cache_dtype: str, config: EngineConfig) -> bool:
         """Whether ``cache_dtype`` can be used with ``config`` on this device."""
@@ -533,6 +564,23 @@ class Platform:
         """
         total = self.get_device_total_memory(0) if self.devices else 0
         return int(config.cache.gpu_memory_utilization * total) - used_bytes
+
+    def kv_cache_budget_source(self, config: EngineConfig, used_bytes: int = 0) -> tuple[str, str]:
+        """Where :meth:`kv_cache_budget_bytes` comes from, and the setting that raises it.
+
+        Both are for messages, as in "there is 3.2 GiB (SOURCE); raise REMEDY".
+        """
+        total = self.get_device_total_memory(0) if self.devices else 0
+        used = (
+            f" minus {used_bytes / GiB:.2f} GiB ({used_bytes} bytes) already used"
+            if used_bytes
+            else ""
+        )
+        source = (
+            f"cache.gpu_memory_utilization={config.cache.gpu_memory_utilization} x "
+            f"{total / GiB:.2f} GiB of device memory{used}"
+        )
+        return source, "cache.gpu_memory_utilization (or set cache.kv_cache_memory_bytes)"
 
     # -- distributed ---------------------------------------------------------------------
     def device_id_to_physical_device_id(self, device_id: int) -> int:

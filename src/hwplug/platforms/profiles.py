@@ -1,109 +1,45 @@
-"""Simulated device profiles: real devices described as data.
+"""Simulated device profiles of the built-in platforms, gathered from their folders.
 
-A profile is a :class:`~hwplug.core.platform.DeviceInfo` for one real device,
-with the name, memory, compute capability or ISA generation that the device
-itself reports. ``HWPLUG_SIMULATE=h100:8`` (or ``use_platform("h100:8")``)
-runs every platform rule against such a device without the hardware.
+Each built-in platform keeps its profiles in ``hwplug/platforms/<name>/profiles.py``:
+a :class:`~hwplug.core.platform.DeviceInfo` per real device, with the name,
+memory and compute capability or ISA generation the device itself reports.
+``HWPLUG_SIMULATE=h100:8`` (or ``use_platform("h100:8")``) runs every rule
+against such a device without the hardware. This module gathers them for
+look-ups by profile name; the plugin manager answers the same question for
+every installed platform, vendor platforms included.
 
-Memory is the total the vendor's management tool reports where that figure is
-known exactly (NVML's total for the NVIDIA parts, ``rocm-smi`` for the
-RX 7900 XTX), otherwise the nominal capacity in GiB (2**30 bytes).
-
-Profile names are unique across platforms, so a bare name such as ``mi300x``
-identifies its platform (:func:`find_profile`). Nothing here imports torch.
+Nothing here imports torch.
 """
 
 from __future__ import annotations
 
+import functools
+import importlib
+import pkgutil
+
 from hwplug.core.errors import ConfigError
-from hwplug.core.platform import DeviceCapability, DeviceInfo, parse_profile_spec
+from hwplug.core.platform import DeviceInfo, parse_profile_spec
 
 __all__ = ["PROFILES", "all_profiles", "find_profile"]
 
-MiB = 1 << 20
-GiB = 1 << 30
+
+@functools.cache
+def _gather() -> dict[str, dict[str, DeviceInfo]]:
+    import hwplug.platforms as package
+
+    found: dict[str, dict[str, DeviceInfo]] = {}
+    for info in pkgutil.iter_modules(package.__path__):
+        if not info.ispkg:
+            continue
+        try:
+            module = importlib.import_module(f"{package.__name__}.{info.name}.profiles")
+        except ModuleNotFoundError:
+            continue
+        found[info.name] = dict(module.PROFILES)
+    return found
 
 
-def _nvidia(name: str, memory_mib: int, major: int, minor: int) -> DeviceInfo:
-    return DeviceInfo(
-        name=name,
-        total_memory=memory_mib * MiB,
-        capability=DeviceCapability.parse((major, minor)),
-        vendor="NVIDIA",
-    )
-
-
-def _amd(name: str, memory: int, arch: str, major: int, minor: int) -> DeviceInfo:
-    return DeviceInfo(
-        name=name,
-        total_memory=memory,
-        capability=DeviceCapability.parse((major, minor)),
-        arch=arch,
-        vendor="AMD",
-    )
-
-
-def _gaudi(name: str, memory_gib: int, arch: str, features: frozenset[str]) -> DeviceInfo:
-    return DeviceInfo(
-        name=name,
-        total_memory=memory_gib * GiB,
-        arch=arch,
-        vendor="Intel Habana",
-        features=features,
-    )
-
-
-def _intel_gpu(name: str, memory_gib: int, arch: str) -> DeviceInfo:
-    return DeviceInfo(name=name, total_memory=memory_gib * GiB, arch=arch, vendor="Intel")
-
-
-PROFILES: dict[str, dict[str, DeviceInfo]] = {
-    "cuda": {
-        # Totals as NVML (nvidia-smi) reports them, in MiB.
-        "b200": _nvidia("NVIDIA B200", 183359, 10, 0),
-        "h100": _nvidia("NVIDIA H100 80GB HBM3", 81559, 9, 0),
-        "h200": _nvidia("NVIDIA H200", 143771, 9, 0),
-        "a100": _nvidia("NVIDIA A100-SXM4-80GB", 81920, 8, 0),
-        "l4": _nvidia("NVIDIA L4", 23034, 8, 9),
-        "rtx3090": _nvidia("NVIDIA GeForce RTX 3090", 24576, 8, 6),
-        "t4": _nvidia("Tesla T4", 15360, 7, 5),
-    },
-    "rocm": {
-        "mi300x": _amd("AMD Instinct MI300X", 192 * GiB, "gfx942", 9, 4),
-        "mi325x": _amd("AMD Instinct MI325X", 256 * GiB, "gfx942", 9, 4),
-        "mi355x": _amd("AMD Instinct MI355X", 288 * GiB, "gfx950", 9, 5),
-        # One MI250X package is two GCDs; each is a device with 64 GiB.
-        "mi250x": _amd("AMD Instinct MI250X", 64 * GiB, "gfx90a", 9, 0),
-        # rocm-smi's "VRAM Total Memory (B)" on an RX 7900 XTX.
-        "rx7900xtx": _amd("AMD Radeon RX 7900 XTX", 25753026560, "gfx1100", 11, 0),
-    },
-    "hpu": {
-        "gaudi": _gaudi("Intel Gaudi", 32, "gaudi", frozenset()),
-        "gaudi2": _gaudi("Intel Gaudi 2", 96, "gaudi2", frozenset({"fp8"})),
-        "gaudi3": _gaudi("Intel Gaudi 3", 128, "gaudi3", frozenset({"fp8"})),
-    },
-    "cpu": {
-        "cpu-generic": DeviceInfo(
-            name="Generic x86-64 CPU (AVX2)",
-            total_memory=64 * GiB,
-            arch="x86_64",
-            features=frozenset({"avx2"}),
-        ),
-        # A two-socket Sapphire Rapids server.
-        "xeon-spr": DeviceInfo(
-            name="Intel(R) Xeon(R) Platinum 8480+",
-            total_memory=512 * GiB,
-            arch="x86_64",
-            vendor="Intel",
-            features=frozenset({"avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile", "ipex"}),
-        ),
-    },
-    "xpu": {
-        "max-1550": _intel_gpu("Intel(R) Data Center GPU Max 1550", 128, "pvc"),
-        "arc-a770": _intel_gpu("Intel(R) Arc(TM) A770 Graphics", 16, "dg2"),
-        "arc-b580": _intel_gpu("Intel(R) Arc(TM) B580 Graphics", 12, "bmg"),
-    },
-}
+PROFILES: dict[str, dict[str, DeviceInfo]] = _gather()
 """Simulated devices by platform name, then profile name."""
 
 

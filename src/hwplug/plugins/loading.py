@@ -135,8 +135,8 @@ def builtin_plugins() -> list[tuple[str, str]]:
     """``(name, module)`` of hwplug's built-in platform plugins, in name order.
 
     Read from hwplug's own ``hwplug.platforms`` entry points; from a source
-    tree without package metadata, every module of ``hwplug.platforms`` that
-    implements ``hwplug_platforms`` is one.
+    tree without package metadata, every platform folder of ``hwplug.platforms``
+    (a package that implements ``hwplug_platforms``) is one.
     """
     found: dict[str, str] = {}
     for ep in metadata.entry_points(group=PLATFORMS_GROUP):
@@ -145,10 +145,12 @@ def builtin_plugins() -> list[tuple[str, str]]:
             found.setdefault(ep.name, ep.value)
     if not found:
         package = importlib.import_module(_BUILTIN_PACKAGE)
-        for info in pkgutil.walk_packages(package.__path__, f"{_BUILTIN_PACKAGE}."):
-            module = importlib.import_module(info.name)
-            if callable(getattr(module, "hwplug_platforms", None)):
-                found[info.name.rsplit(".", 1)[-1]] = info.name
+        for info in pkgutil.iter_modules(package.__path__):
+            module_name = f"{_BUILTIN_PACKAGE}.{info.name}"
+            if info.ispkg and callable(
+                getattr(importlib.import_module(module_name), "hwplug_platforms", None)
+            ):
+                found[info.name] = module_name
     return sorted(found.items())
 
 

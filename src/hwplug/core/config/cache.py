@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
+from pydantic import WithJsonSchema, field_validator
 from pydantic.dataclasses import dataclass
 from pydantic.json_schema import SkipJsonSchema
+from pydantic_core import PydanticCustomError
 
 from hwplug.core.config._common import (
     CONFIG,
@@ -19,6 +21,7 @@ from hwplug.core.config._common import (
     config_section,
     logger,
 )
+from hwplug.core.dtypes import cache_dtype_names, is_fp8_cache
 from hwplug.core.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -28,9 +31,12 @@ __all__ = ["CacheDType", "CacheConfig", "MambaDType", "PrefixCachingHashAlgo"]
 
 GiB = 1 << 30
 
-#: KV-cache storage types; ``auto`` follows the model dtype, ``fp8`` is the
-#: platform's preferred fp8 format, ``fp8_inc`` is Intel Gaudi's.
-CacheDType = Literal["auto", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc"]
+#: KV-cache storage types: a name registered in ``hwplug.core.dtypes.CACHE_DTYPE_FORMATS``
+#: (``auto`` follows the model dtype, ``fp8`` is the platform's preferred fp8 format).
+CacheDType = Annotated[
+    str,
+    WithJsonSchema({"type": "string", "enum": list(cache_dtype_names())}),
+]
 #: Hash algorithms for prefix-cache block hashes.
 PrefixCachingHashAlgo = Literal["sha256", "sha256_cbor"]
 #: Storage types of Mamba state caches.
@@ -87,8 +93,20 @@ class CacheConfig(ConfigSection):
     kv_cache_memory_bytes: Count | None = None
     """KV-cache budget per device in bytes; overrides ``gpu_memory_utilization``."""
 
+    @field_validator("cache_dtype", mode="before")
+    @classmethod
+    def _check_cache_dtype(cls, value: Any) -> Any:
+        names = cache_dtype_names()
+        if isinstance(value, str) and value in names:
+            return value
+        expected = ", ".join(repr(n) for n in names[:-1]) + f" or {names[-1]!r}"
+        # As pydantic words a Literal's error: the allowed set is the registry's.
+        raise PydanticCustomError(
+            "literal_error", "Input should be {expected}", {"expected": expected}
+        )
+
     def __post_init__(self) -> None:
-        if self.cache_dtype.startswith("fp8"):
+        if is_fp8_cache(self.cache_dtype):
             logger.info(
                 "KV cache stored as %s: less memory and more speed, but accuracy may drop "
                 "without proper scaling factors",

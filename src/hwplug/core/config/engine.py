@@ -301,18 +301,26 @@ class OversizedNumber(float):
 
     digits: int
 
-    def __new__(cls, text: str) -> OversizedNumber:
+    def __new__(cls, digits: int) -> OversizedNumber:
         self = super().__new__(cls, math.inf)
-        self.digits = len(text.strip().lstrip("+-"))
+        self.digits = digits
         return self
+
+    def __reduce__(self) -> tuple[Any, tuple[int]]:
+        return OversizedNumber, (self.digits,)
 
     def __repr__(self) -> str:
         return f"<a number of {self.digits} digits>"
 
+    @classmethod
+    def of(cls, text: str) -> OversizedNumber:
+        """The stand-in for the number written as ``text``."""
+        return cls(len(text.strip().replace("_", "").lstrip("+-")))
+
 
 def _parse_int(text: str) -> int | float:
     if len(text) > _MAX_DIGITS:
-        return OversizedNumber(text)
+        return OversizedNumber.of(text)
     return int(text)
 
 
@@ -335,7 +343,7 @@ def _yaml_loader() -> type:
         def construct_yaml_int(self, node: Any) -> Any:
             value = self.construct_scalar(node)
             if isinstance(value, str) and len(value.replace("_", "")) > _MAX_DIGITS:
-                return OversizedNumber(value)
+                return OversizedNumber.of(value)
             return super().construct_yaml_int(node)
 
     Loader.add_constructor("tag:yaml.org,2002:int", Loader.construct_yaml_int)

@@ -15,12 +15,13 @@ from typing import TYPE_CHECKING, ClassVar
 from hwplug.core.errors import ConfigError, brief
 from hwplug.core.hookspecs import hookimpl
 from hwplug.core.platform import MAX_MEMORY, DeviceInfo, GiB, Platform, canonical_dtype
-from hwplug.platforms._common import (
+from hwplug.platforms.builtin import (
     BuiltinPlatform,
     fill_unset,
     is_fp8_cache,
     model_dtype_message,
 )
+from hwplug.platforms.cpu.profiles import PROFILES
 
 if TYPE_CHECKING:
     from hwplug.core.config import EngineConfig, ModelConfig
@@ -66,6 +67,8 @@ class CpuPlatform(BuiltinPlatform):
     default_compilation_level = 2
     max_compilation_level = 3
     representative_profile = "cpu-generic"
+    profile_table = PROFILES
+    custom_op_forward = "forward_cpu"
 
     mla_without_chunked_prefill = True
     min_compiling_level: ClassVar[int] = 2
@@ -88,7 +91,7 @@ class CpuPlatform(BuiltinPlatform):
     @classmethod
     def detect(cls) -> list[DeviceInfo]:
         """Always one device: this host's CPU (model, ISA flags, memory, IPEX)."""
-        from hwplug.platforms.probes import probe_cpu
+        from hwplug.platforms.cpu.probe import probe_cpu
 
         return [probe_cpu()]
 
@@ -105,7 +108,7 @@ class CpuPlatform(BuiltinPlatform):
         """16, 32, 64, 128 with IPEX; only 16 without."""
         return self.ipex_block_sizes if self.has_ipex() else self.block_sizes
 
-    def _cache_dtype_obstacle(self, cache_dtype: str) -> str | None:
+    def _device_cache_dtype_problem(self, cache_dtype: str) -> str | None:
         if cache_dtype == "fp8_e4m3":
             return f"the CPU stores fp8 KV caches only as {self.fp8_format}" + (
                 "" if self.has_ipex() else ", and only with intel_extension_for_pytorch"
@@ -214,6 +217,13 @@ class CpuPlatform(BuiltinPlatform):
         """
         space = config.cache.cpu_kvcache_space_bytes
         return space if space is not None else self.kvcache_space_bytes()[0]
+
+    def kv_cache_budget_source(self, config: EngineConfig, used_bytes: int = 0) -> tuple[str, str]:
+        """The CPU's dedicated KV-cache space, raised through ``cache.cpu_kvcache_space_bytes``."""
+        field = "cache.cpu_kvcache_space_bytes"
+        if config.cache.cpu_kvcache_space_bytes is not None:
+            return field, field
+        return f"the CPU KV-cache space ({KVCACHE_SPACE_ENV})", field
 
     # -- configuration ----------------------------------------------------------------
     def check_and_update_config(self, config: EngineConfig, changes: ChangeLog) -> None:

@@ -1,57 +1,46 @@
-"""Helpers shared by the built-in platform modules.
+"""The shared base of the built-in platforms, and helpers their rules share.
 
-Small pieces that several platforms need: which cache dtypes are fp8, how a
-rejected cache or model dtype is explained (always with the exact value that
-would work), filling a field only when the user left it unset, and querying a
-vendor management library without letting its failures escape.
+:class:`BuiltinPlatform` adds to :class:`~hwplug.core.platform.Platform` what
+every built-in platform needs: profiles from its own folder, live device
+queries on real hardware described as a table (:class:`DeviceQuery`: ask the
+vendor library, then what detection found, then ``torch.cuda``), the MLA
+rules of platforms without chunked MLA prefill, and error messages for cache
+and model dtypes that always name the exact value that would work.
 
-Nothing here imports torch.
+Nothing here imports torch at import time.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
-import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
-from hwplug.core.dtypes import canonical_dtype
+from hwplug.core.dtypes import CACHE_DTYPE_FORMATS, canonical_dtype, is_fp8_cache
 from hwplug.core.errors import ConfigError
 from hwplug.core.platform import DeviceCapability, DeviceInfo, Platform
+from hwplug.platforms.sysfs import Library, query_library
 
 if TYPE_CHECKING:
     from hwplug.core.config import EngineConfig
     from hwplug.core.resolve import ChangeLog
 
 __all__ = [
-    "FP8_CACHE_DTYPES",
     "BuiltinPlatform",
-    "QueryCache",
+    "DeviceQuery",
     "cache_dtype_message",
     "cache_dtype_problem_for",
     "fill_unset",
-    "gfx_arch_name",
-    "gfx_capability",
-    "gfx_version",
     "is_fp8_cache",
     "model_dtype_message",
-    "query_quietly",
     "quote_choices",
     "torch_cuda_query",
-    "torch_version",
 ]
 
 logger = logging.getLogger("hwplug.platforms")
 
 T = TypeVar("T")
-
-FP8_CACHE_DTYPES = frozenset({"fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc"})
-"""Cache-dtype strings that store the KV cache in 8-bit floats."""
-
-
-def is_fp8_cache(cache_dtype: str) -> bool:
-    """Whether ``cache_dtype`` is one of the fp8 KV-cache formats."""
-    return cache_dtype in FP8_CACHE_DTYPES
 
 
 def quote_choices(values: Iterable[str], field: str) -> str:
@@ -104,13 +93,15 @@ def cache_dtype_problem_for(
     ``obstacle(dtype)`` says why this device cannot store ``dtype`` (None when
     it can, or when it has nothing specific to say about a dtype outside the
     platform's ``cache_dtypes`` table). Dtypes outside the table are always
-    rejected (``fp8_inc`` as the Gaudi format). The message suggests the
+    rejected (a vendor's own format, such as ``fp8_inc``, is named by its
+    note). The message suggests the
     values that work on this device.
     """
     why = obstacle(cache_dtype)
     if why is None and cache_dtype not in platform.cache_dtypes:
-        if cache_dtype == "fp8_inc":
-            why = "fp8_inc is the Intel Gaudi (HPU) format"
+        fmt = CACHE_DTYPE_FORMATS.get(cache_dtype)
+        if fmt is not None and fmt.listed_only and fmt.note:
+            why = f"{cache_dtype} is {fmt.note}"
         else:
             why = f"the {platform.name} platform does not store {cache_dtype} KV caches"
     if why is None:
@@ -135,93 +126,8 @@ def fill_unset(changes: ChangeLog, path: str, value: Any, reason: str) -> bool:
     return True
 
 
-_GFX = re.compile(r"^gfx(\d{1,2})([0-9a-f])([0-9a-f])$")
-
-
-def gfx_version(arch: str | None) -> tuple[int, int, int] | None:
-    """``"gfx90a"`` -> ``(9, 0, 10)``; ``"gfx1100"`` -> ``(11, 0, 0)``; None if not a gfx name.
-
-    Feature suffixes such as ``gfx942:sramecc+:xnack-`` are ignored.
-    """
-    if not arch:
-        return None
-    base = arch.strip().lower().split(":", 1)[0]
-    match = _GFX.match(base)
-    if match is None:
-        return None
-    return int(match.group(1)), int(match.group(2), 16), int(match.group(3), 16)
-
-
-def gfx_arch_name(target: object) -> str | None:
-    """A gfx arch name from what ROCm tools report: ``"gfx942"`` or the number ``90402``.
-
-    Feature suffixes (``gfx942:sramecc+:xnack-``) are dropped; None for anything else.
-    """
-    if isinstance(target, str):
-        name = target.strip().lower().split(":", 1)[0]
-        return name if gfx_version(name) is not None else None
-    if isinstance(target, int) and not isinstance(target, bool) and target > 0:
-        major, minor, step = target // 10000, target // 100 % 100, target % 100
-        if minor > 15 or step > 15:
-            return None
-        return f"gfx{major}{minor:x}{step:x}"
-    return None
-
-
-def gfx_capability(arch: str | None) -> DeviceCapability | None:
-    """The ``(major, minor)`` capability torch reports on ROCm for a gfx arch."""
-    version = gfx_version(arch)
-    return None if version is None else DeviceCapability(version[0], version[1])
-
-
-def torch_version() -> tuple[int, int] | None:
-    """``(major, minor)`` of the installed torch, from package metadata (no import)."""
-    from importlib import metadata
-
-    try:
-        text = metadata.version("torch")
-    except metadata.PackageNotFoundError:
-        return None
-    match = re.match(r"^(\d+)\.(\d+)", text)
-    return None if match is None else (int(match.group(1)), int(match.group(2)))
-
-
-def query_quietly(what: str, query: Callable[[], T]) -> T | None:
-    """Run a vendor-library query; None (logged at debug level) if it fails.
-
-    Management libraries fail for reasons the caller cannot fix (no driver,
-    a container without the device files); every device query has a fallback.
-    """
-    try:
-        return query()
-    except Exception as exc:  # the vendor libraries raise their own exception types
-        logger.debug("%s failed: %s: %s", what, type(exc).__name__, exc)
-        return None
-
-
-class QueryCache:
-    """Results of device queries on real hardware, by (what, device index).
-
-    Only answers are kept: a query that found nothing is asked again next time.
-    """
-
-    def __init__(self) -> None:
-        self._values: dict[tuple[str, int], Any] = {}
-
-    def get(self, what: str, i: int, query: Callable[[], T | None]) -> T | None:
-        """The cached answer for ``(what, i)``, running ``query`` the first time."""
-        key = (what, i)
-        if key not in self._values:
-            value = query()
-            if value is None:
-                return None
-            self._values[key] = value
-        result: T = self._values[key]
-        return result
-
-
 def torch_cuda_query(what: str, query: Callable[[Any], T]) -> T | None:
-    """Run ``query(torch.cuda)``; None without torch or without a visible GPU.
+    """Run ``query(torch.cuda)``; None without torch, without a visible GPU, or on error.
 
     Initialises CUDA (or HIP) in the calling process: only ever a fallback.
     """
@@ -229,23 +135,49 @@ def torch_cuda_query(what: str, query: Callable[[Any], T]) -> T | None:
         import torch
     except ImportError:
         return None
-
-    def run() -> T | None:
+    try:
         if not torch.cuda.is_available():
             return None
         return query(torch.cuda)
+    except Exception as exc:
+        logger.debug("torch.cuda %s failed: %s: %s", what, type(exc).__name__, exc)
+        return None
 
-    return query_quietly(f"torch.cuda {what}", run)
+
+@dataclasses.dataclass(frozen=True)
+class DeviceQuery:
+    """How a built-in platform answers one question about a real device.
+
+    Sources are tried in order: ``vendor(library, handle)`` through the
+    platform's management library (no device runtime), ``detected(device)``
+    from what detection found, then ``torch_cuda(torch.cuda, index)``, which
+    initialises the device runtime. An empty answer counts as none.
+    ``cached`` answers are kept per device (memory usage is not).
+    """
+
+    vendor: Callable[[Any, Any], Any] | None = None
+    detected: Callable[[DeviceInfo], Any] | None = None
+    torch_cuda: Callable[[Any, int], Any] | None = None
+    cached: bool = True
 
 
 class BuiltinPlatform(Platform):
     """What the built-in platforms share beyond :class:`Platform`.
 
-    Profiles come from :mod:`hwplug.platforms.profiles`; a subclass says why
-    its device cannot store a cache dtype (:meth:`_cache_dtype_obstacle`) or
-    run bfloat16 models (:meth:`_bf16_obstacle`), and the messages, the
+    A subclass sets :attr:`profile_table` (its folder's profiles), and for
+    real devices :attr:`library` and :attr:`device_queries`; it says why its
+    device cannot store a cache dtype (:meth:`_device_cache_dtype_problem`)
+    or run bfloat16 models (:meth:`_bf16_problem`), and the messages, the
     supported lists and the suggestions are built here once.
     """
+
+    profile_table: ClassVar[Mapping[str, DeviceInfo]] = {}
+    """Simulated profiles of this platform, by name."""
+    library: ClassVar[Library | None] = None
+    """The vendor management library device queries ask first (NVML, amdsmi)."""
+    device_queries: ClassVar[Mapping[str, DeviceQuery]] = {}
+    """How to answer ``capability``, ``name``, ``memory``, ``memory usage`` (and
+    platform-specific questions) on real hardware."""
 
     def __init__(
         self,
@@ -255,44 +187,86 @@ class BuiltinPlatform(Platform):
         profile: str | None = None,
     ) -> None:
         super().__init__(devices, simulated=simulated, profile=profile)
-        self._queried = QueryCache()
+        self._answers: dict[tuple[str, int], Any] = {}
 
     @classmethod
     def profiles(cls) -> dict[str, DeviceInfo]:
-        from hwplug.platforms.profiles import PROFILES
-
-        return dict(PROFILES[cls.name])
+        return dict(cls.profile_table)
 
     # -- device queries on real hardware ---------------------------------------------
-    def _vendor_query(self, i: int, what: str, query: Callable[[Any, Any], T]) -> T | None:
-        """Run ``query(library, handle)`` on device ``i`` with the vendor's management
-        library (NVML, amdsmi); None where there is none or it fails."""
-        return None
+    def _library_target(self, i: int) -> Any:
+        """What the library knows logical device ``i`` by: its physical index.
 
-    def _live_query(
-        self,
-        what: str,
-        i: int,
-        *,
-        vendor: Callable[[Any, Any], T | None],
-        detected: Callable[[DeviceInfo], T | None],
-        torch_cuda: Callable[[Any], T | None],
-    ) -> T | None:
-        """Ask the vendor library, then the detected :class:`DeviceInfo`, then
-        ``torch.cuda`` (which initialises the device runtime) about device ``i``.
-
-        Answers are cached per device; an empty answer counts as none.
+        :raises IndexError: the visibility variable does not list device ``i``.
         """
+        return self.device_id_to_physical_device_id(i)
 
-        def query() -> T | None:
-            value = self._vendor_query(i, what, vendor)
-            if not value and 0 <= i < len(self.devices):
-                value = detected(self.devices[i])
-            if not value:
-                value = torch_cuda_query(what, torch_cuda)
-            return value or None
+    def _library_handle(self, library: Any, target: Any) -> Any:
+        """The library's handle of the device ``target`` names (NVML and amdsmi differ)."""
+        raise NotImplementedError
 
-        return self._queried.get(what, i, query)
+    def query_device(self, what: str, i: int = 0) -> Any:
+        """Answer ``what`` about real device ``i`` from :attr:`device_queries`; None
+        when nothing knows (or the platform is simulated, or has no such query)."""
+        query = self.device_queries.get(what)
+        if self.simulated or query is None:
+            return None
+        key = (what, i)
+        if query.cached and key in self._answers:
+            return self._answers[key]
+        value = None
+        if query.vendor is not None and self.library is not None:
+            ask = query.vendor
+            target = self._library_target(i)
+            value = query_library(
+                self.library,
+                f"{what} of device {target}",
+                lambda lib: ask(lib, self._library_handle(lib, target)),
+                quiet=True,
+            )
+        if not value and query.detected is not None and 0 <= i < len(self.devices):
+            value = query.detected(self.devices[i])
+        if not value and query.torch_cuda is not None:
+            ask_torch = query.torch_cuda
+            value = torch_cuda_query(what, lambda tc: ask_torch(tc, i))
+        value = value or None
+        if value is not None and query.cached:
+            self._answers[key] = value
+        return value
+
+    def get_device_capability(self, i: int = 0) -> DeviceCapability | None:
+        """Compute capability of device ``i``.
+
+        Simulated: the profile's. Real: the device-query table (vendor library,
+        detection, then ``torch.cuda``, which initialises the runtime); None
+        when nothing knows.
+        """
+        if self.simulated or "capability" not in self.device_queries:
+            return super().get_device_capability(i)
+        value: DeviceCapability | None = self.query_device("capability", i)
+        return value
+
+    def get_device_name(self, i: int = 0) -> str:
+        """Marketing name of device ``i`` (the device-query table on real hardware)."""
+        name = self.query_device("name", i)
+        return str(name) if name is not None else super().get_device_name(i)
+
+    def get_device_total_memory(self, i: int = 0) -> int:
+        """Total memory of device ``i`` in bytes (the device-query table on real hardware)."""
+        if self.simulated or "memory" not in self.device_queries:
+            return super().get_device_total_memory(i)
+        total = self.query_device("memory", i)
+        return int(total) if total is not None else 0
+
+    def get_current_memory_usage(self, i: int = 0) -> int:
+        """Bytes in use on device ``i`` (the device-query table; never cached).
+
+        Simulated devices are idle (0).
+        """
+        if self.simulated or "memory usage" not in self.device_queries:
+            return super().get_current_memory_usage(i)
+        used = self.query_device("memory usage", i)
+        return int(used) if used is not None else 0
 
     mla_without_chunked_prefill: ClassVar[bool] = False
     """Whether MLA models run here without chunked prefill (the CPU and XPU MLA kernels):
@@ -325,25 +299,25 @@ class BuiltinPlatform(Platform):
             f"MLA without chunked prefill on {self.name}: a step holds a whole prompt",
         )
 
-    def _cache_dtype_obstacle(self, cache_dtype: str) -> str | None:
+    def _device_cache_dtype_problem(self, cache_dtype: str) -> str | None:
         """Why this device cannot store ``cache_dtype`` (None: nothing specific)."""
         return None
 
     def cache_dtype_problem(self, cache_dtype: str, config: EngineConfig | None) -> str | None:
-        return cache_dtype_problem_for(self, cache_dtype, self._cache_dtype_obstacle)
+        return cache_dtype_problem_for(self, cache_dtype, self._device_cache_dtype_problem)
 
-    def _bf16_obstacle(self) -> str | None:
+    def _bf16_problem(self) -> str | None:
         """Why this device cannot run bfloat16 models (None: it can)."""
         return None
 
     def supported_model_dtypes(self) -> tuple[str, ...]:
-        if self._bf16_obstacle() is None:
+        if self._bf16_problem() is None:
             return self.model_dtypes
         return tuple(d for d in self.model_dtypes if d != "bfloat16")
 
     def model_dtype_problem(self, dtype: str, config: EngineConfig | None) -> str | None:
         if canonical_dtype(dtype) == "bfloat16":
-            why = self._bf16_obstacle()
+            why = self._bf16_problem()
             if why is not None:
                 return model_dtype_message(self, dtype, why, ["float16"])
         return super().model_dtype_problem(dtype, config)

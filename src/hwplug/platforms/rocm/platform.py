@@ -8,26 +8,19 @@ then to what detection found, and only then to ``torch.cuda``.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from hwplug.core.hookspecs import hookimpl
 from hwplug.core.platform import DeviceCapability, DeviceInfo, Platform
-from hwplug.platforms._common import (
-    BuiltinPlatform,
-    gfx_arch_name,
-    gfx_capability,
-    gfx_version,
-    query_quietly,
-    torch_cuda_query,
-)
+from hwplug.platforms.builtin import BuiltinPlatform, DeviceQuery
+from hwplug.platforms.rocm.gfx import gfx_arch_name, gfx_capability, gfx_version
+from hwplug.platforms.rocm.profiles import PROFILES
+from hwplug.platforms.sysfs import AMDSMI
 
 if TYPE_CHECKING:
     from hwplug.core.config import ModelConfig
 
 __all__ = ["RocmPlatform", "hwplug_platforms"]
-
-T = TypeVar("T")
 
 
 class RocmPlatform(BuiltinPlatform):
@@ -65,12 +58,14 @@ class RocmPlatform(BuiltinPlatform):
     default_compilation_level = 3
     max_compilation_level = 3
     representative_profile = "mi300x"
+    profile_table = PROFILES
+    custom_op_forward = "forward_hip"
 
     # -- discovery -----------------------------------------------------------
     @classmethod
     def detect(cls) -> list[DeviceInfo]:
         """AMD GPUs from the KFD topology in sysfs and amdsmi (no torch)."""
-        from hwplug.platforms.probes import probe_amd
+        from hwplug.platforms.rocm.probe import probe_amd
 
         return list(probe_amd())
 
@@ -84,24 +79,8 @@ class RocmPlatform(BuiltinPlatform):
         detected = self.devices[i] if 0 <= i < len(self.devices) else None
         if detected is not None and detected.arch:
             return detected.arch
-        if self.simulated:
-            return None
-
-        def query() -> str | None:
-            arch = self._vendor_query(
-                i,
-                "arch",
-                lambda smi, h: gfx_arch_name(
-                    smi.amdsmi_get_gpu_asic_info(h).get("target_graphics_version")
-                ),
-            )
-            if arch is None:
-                arch = torch_cuda_query(
-                    "arch", lambda tc: gfx_arch_name(tc.get_device_properties(i).gcnArchName)
-                )
-            return arch
-
-        return self._queried.get("arch", i, query)
+        arch: str | None = self.query_device("arch", i)
+        return arch
 
     def _arch_is(self, prefixes: tuple[str, ...]) -> bool:
         arch = self.device_arch(0) if self.devices else None
@@ -121,86 +100,52 @@ class RocmPlatform(BuiltinPlatform):
         return self._arch_is(self.fnuz_archs)
 
     # -- device queries ---------------------------------------------------------
-    def _vendor_query(self, i: int, what: str, query: Callable[[Any, Any], T]) -> T | None:
-        """Run ``query(amdsmi, handle)`` for device ``i`` inside amdsmi_init/amdsmi_shut_down."""
-        try:
-            import amdsmi
-        except ImportError:
-            return None
-        physical = self.device_id_to_physical_device_id(i)
-
-        def run() -> T:
-            amdsmi.amdsmi_init()
-            try:
-                handle = amdsmi.amdsmi_get_processor_handles()[physical]
-                return query(amdsmi, handle)
-            finally:
-                amdsmi.amdsmi_shut_down()
-
-        return query_quietly(f"amdsmi {what} of device {physical}", run)
-
-    def get_device_capability(self, i: int = 0) -> DeviceCapability | None:
-        """The gfx arch as ``(major, minor)``, as torch reports it (gfx942 -> 9.4).
-
-        Real hardware: amdsmi (cached), the detected value, then ``torch.cuda``.
-        """
-        if self.simulated:
-            cap = super().get_device_capability(i)
-            return cap if cap is not None else gfx_capability(self.device_arch(i))
-
-        return self._live_query(
-            "capability",
-            i,
-            vendor=lambda smi, h: gfx_capability(
-                gfx_arch_name(smi.amdsmi_get_gpu_asic_info(h).get("target_graphics_version"))
-            ),
+    library = AMDSMI
+    device_queries = {
+        "arch": DeviceQuery(
+            vendor=lambda smi, h: _smi_arch(smi, h),
+            torch_cuda=lambda tc, i: gfx_arch_name(tc.get_device_properties(i).gcnArchName),
+        ),
+        "capability": DeviceQuery(
+            vendor=lambda smi, h: gfx_capability(_smi_arch(smi, h)),
             detected=lambda d: d.capability or gfx_capability(d.arch),
-            torch_cuda=lambda tc: DeviceCapability(*tc.get_device_capability(i)),
-        )
-
-    def get_device_name(self, i: int = 0) -> str:
-        """Marketing name of device ``i`` (amdsmi, detection, then ``torch.cuda``)."""
-        if self.simulated:
-            return super().get_device_name(i)
-        name = self._live_query(
-            "name",
-            i,
+            torch_cuda=lambda tc, i: DeviceCapability(*tc.get_device_capability(i)),
+        ),
+        "name": DeviceQuery(
             vendor=lambda smi, h: str(smi.amdsmi_get_gpu_asic_info(h)["market_name"]),
             detected=lambda d: d.name,
-            torch_cuda=lambda tc: str(tc.get_device_name(i)),
-        )
-        return name if name is not None else super().get_device_name(i)
-
-    def get_device_total_memory(self, i: int = 0) -> int:
-        """Total VRAM of device ``i`` in bytes (amdsmi, detection, then ``torch.cuda``)."""
-        if self.simulated:
-            return super().get_device_total_memory(i)
-        total = self._live_query(
-            "memory",
-            i,
+            torch_cuda=lambda tc, i: str(tc.get_device_name(i)),
+        ),
+        "memory": DeviceQuery(
             vendor=lambda smi, h: int(
                 smi.amdsmi_get_gpu_memory_total(h, smi.AmdSmiMemoryType.VRAM)
             ),
             detected=lambda d: d.total_memory,
-            torch_cuda=lambda tc: int(tc.get_device_properties(i).total_memory),
-        )
-        return total if total is not None else 0
+            torch_cuda=lambda tc, i: int(tc.get_device_properties(i).total_memory),
+        ),
+        "memory usage": DeviceQuery(
+            vendor=lambda smi, h: int(
+                smi.amdsmi_get_gpu_memory_usage(h, smi.AmdSmiMemoryType.VRAM)
+            ),
+            torch_cuda=lambda tc, i: int(tc.memory_allocated(i)),
+            cached=False,
+        ),
+    }
 
-    def get_current_memory_usage(self, i: int = 0) -> int:
-        """Bytes of VRAM in use on device ``i`` (amdsmi, else ``torch.cuda.memory_allocated``).
+    def _library_handle(self, library: Any, target: Any) -> Any:
+        """amdsmi's handle of the device at physical index ``target``."""
+        return library.amdsmi_get_processor_handles()[target]
 
-        Simulated devices are idle (0). Not cached.
+    def get_device_capability(self, i: int = 0) -> DeviceCapability | None:
+        """The gfx arch as ``(major, minor)``, as torch reports it (gfx942 -> 9.4).
+
+        Simulated: the profile's (or its arch's). Real: amdsmi (cached), the
+        detected value, then ``torch.cuda``.
         """
         if self.simulated:
-            return super().get_current_memory_usage(i)
-        used = self._vendor_query(
-            i,
-            "memory usage",
-            lambda smi, h: int(smi.amdsmi_get_gpu_memory_usage(h, smi.AmdSmiMemoryType.VRAM)),
-        )
-        if used is None:
-            used = torch_cuda_query("memory usage", lambda tc: int(tc.memory_allocated(i)))
-        return used if used is not None else 0
+            cap = Platform.get_device_capability(self, i)
+            return cap if cap is not None else gfx_capability(self.device_arch(i))
+        return super().get_device_capability(i)
 
     # -- KV cache ------------------------------------------------------------------
     def supported_block_sizes(self, model_config: ModelConfig | None = None) -> tuple[int, ...]:
@@ -208,7 +153,7 @@ class RocmPlatform(BuiltinPlatform):
             return self.mla_block_sizes
         return self.block_sizes
 
-    def _cache_dtype_obstacle(self, cache_dtype: str) -> str | None:
+    def _device_cache_dtype_problem(self, cache_dtype: str) -> str | None:
         if cache_dtype == "fp8_e5m2":
             return (
                 f"ROCm stores fp8 KV caches only as {self.fp8_format}, "
@@ -225,14 +170,14 @@ class RocmPlatform(BuiltinPlatform):
         return None
 
     # -- model dtypes -----------------------------------------------------------------
-    def _bf16_obstacle(self) -> str | None:
+    def _bf16_problem(self) -> str | None:
         if self._has_bf16():
             return None
         return f"bfloat16 needs gfx90a or later, this GPU is {self.device_arch(0)}"
 
     def graph_wrapper_cls(self) -> type | None:
         """The CUDA-graph wrapper: HIP graphs through the ``torch.cuda`` API."""
-        from hwplug.platforms.graph_backends import CUDAGraphWrapper
+        from hwplug.platforms.cuda_graphs import CUDAGraphWrapper
 
         return CUDAGraphWrapper
 
@@ -241,3 +186,7 @@ class RocmPlatform(BuiltinPlatform):
 def hwplug_platforms() -> list[type[Platform]]:
     """The built-in ROCm platform."""
     return [RocmPlatform]
+
+
+def _smi_arch(smi: Any, handle: Any) -> str | None:
+    return gfx_arch_name(smi.amdsmi_get_gpu_asic_info(handle).get("target_graphics_version"))

@@ -11,13 +11,12 @@ import os
 import re
 from typing import TYPE_CHECKING, ClassVar
 
+from hwplug.core.config._common import torch_version
 from hwplug.core.errors import ConfigError
 from hwplug.core.hookspecs import hookimpl
 from hwplug.core.platform import DeviceInfo, Platform
-from hwplug.platforms._common import (
-    BuiltinPlatform,
-    torch_version,
-)
+from hwplug.platforms.builtin import BuiltinPlatform
+from hwplug.platforms.xpu.profiles import PROFILES
 
 if TYPE_CHECKING:
     from hwplug.core.config import EngineConfig
@@ -66,12 +65,14 @@ class XpuPlatform(BuiltinPlatform):
     default_compilation_level = 3
     max_compilation_level = 3
     representative_profile = "max-1550"
+    profile_table = PROFILES
+    custom_op_forward = "forward_xpu"
 
     # -- discovery -----------------------------------------------------------
     @classmethod
     def detect(cls) -> list[DeviceInfo]:
         """Discrete Intel GPUs in sysfs (xe or i915 with device-local memory; no torch)."""
-        from hwplug.platforms.probes import probe_intel_gpu
+        from hwplug.platforms.xpu.probe import probe_intel_gpu
 
         return list(probe_intel_gpu())
 
@@ -91,7 +92,7 @@ class XpuPlatform(BuiltinPlatform):
         return not (self.devices and self.no_bf16_names.search(self.devices[0].name))
 
     # -- KV cache ------------------------------------------------------------------
-    def _cache_dtype_obstacle(self, cache_dtype: str) -> str | None:
+    def _device_cache_dtype_problem(self, cache_dtype: str) -> str | None:
         if cache_dtype == "fp8_e4m3":
             return f"Intel GPUs store fp8 KV caches only as {self.fp8_format}"
         if cache_dtype == "bfloat16" and not self._has_bf16():
@@ -99,7 +100,7 @@ class XpuPlatform(BuiltinPlatform):
         return None
 
     # -- model dtypes -----------------------------------------------------------------
-    def _bf16_obstacle(self) -> str | None:
+    def _bf16_problem(self) -> str | None:
         return None if self._has_bf16() else "Arc A-series GPUs have no bfloat16"
 
     # -- configuration ----------------------------------------------------------------

@@ -10,14 +10,16 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, ClassVar
 
+from hwplug.core.errors import ConfigError
 from hwplug.core.hookspecs import hookimpl
 from hwplug.core.platform import DeviceInfo, Platform
-from hwplug.platforms._common import (
+from hwplug.platforms.builtin import (
     BuiltinPlatform,
     fill_unset,
     is_fp8_cache,
     model_dtype_message,
 )
+from hwplug.platforms.hpu.profiles import PROFILES
 
 if TYPE_CHECKING:
     from hwplug.core.config import EngineConfig
@@ -55,6 +57,8 @@ class HpuPlatform(BuiltinPlatform):
     default_compilation_level = 0
     max_compilation_level = 2
     representative_profile = "gaudi2"
+    profile_table = PROFILES
+    custom_op_forward = "forward_hpu"
 
     custom_ops_default: ClassVar[tuple[str, ...]] = ("all",)
     """``compilation.custom_ops`` filled in when unset: Gaudi's fused kernels."""
@@ -65,12 +69,12 @@ class HpuPlatform(BuiltinPlatform):
     @classmethod
     def detect(cls) -> list[DeviceInfo]:
         """Gaudi accelerators: PCI vendor 0x1da3 with the habanalabs driver (no torch)."""
-        from hwplug.platforms.probes import probe_habana
+        from hwplug.platforms.hpu.probe import probe_habana
 
         return list(probe_habana())
 
     # -- KV cache ------------------------------------------------------------------
-    def _cache_dtype_obstacle(self, cache_dtype: str) -> str | None:
+    def _device_cache_dtype_problem(self, cache_dtype: str) -> str | None:
         if cache_dtype == "fp8_inc":
             if self.devices and not self.has_feature(self.fp8_feature):
                 return "fp8_inc needs Gaudi2 or later (this is a first-generation Gaudi)"
@@ -81,6 +85,15 @@ class HpuPlatform(BuiltinPlatform):
                 "format, on Gaudi2 and later"
             )
         return None
+
+    def cache_dtype_torch_name(self, cache_dtype: str) -> str:
+        """As the base, but there is no plain ``fp8`` on Gaudi: only ``fp8_inc``."""
+        if cache_dtype == "fp8":
+            raise ConfigError(
+                f"cache.cache_dtype='fp8' has no meaning on {self.describe_device()}: Gaudi "
+                "stores fp8 KV caches only as fp8_inc; use fp8_inc"
+            )
+        return super().cache_dtype_torch_name(cache_dtype)
 
     # -- model dtypes -----------------------------------------------------------------
     def model_dtype_problem(self, dtype: str, config: EngineConfig | None) -> str | None:
@@ -119,7 +132,7 @@ class HpuPlatform(BuiltinPlatform):
     # -- graphs ----------------------------------------------------------------------
     def graph_wrapper_cls(self) -> type | None:
         """The HPU-graph wrapper (``habana_frameworks.torch.hpu`` graphs)."""
-        from hwplug.platforms.graph_backends import HPUGraphWrapper
+        from hwplug.platforms.hpu.graphs import HPUGraphWrapper
 
         return HPUGraphWrapper
 

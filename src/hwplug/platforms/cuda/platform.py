@@ -9,25 +9,19 @@ then to ``torch.cuda``, which initialises CUDA in the calling process.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from hwplug.core.hookspecs import hookimpl
 from hwplug.core.platform import DeviceCapability, DeviceInfo, Platform
-from hwplug.platforms._common import (
-    BuiltinPlatform,
-    query_quietly,
-    torch_cuda_query,
-)
-from hwplug.platforms.probes import library_text
+from hwplug.platforms.builtin import BuiltinPlatform, DeviceQuery
+from hwplug.platforms.cuda.profiles import PROFILES
+from hwplug.platforms.sysfs import NVML, library_text
 
 if TYPE_CHECKING:
     from hwplug.core.config import EngineConfig, ModelConfig
     from hwplug.core.resolve import ChangeLog
 
 __all__ = ["CudaPlatform", "hwplug_platforms"]
-
-T = TypeVar("T")
 
 
 class CudaPlatform(BuiltinPlatform):
@@ -71,17 +65,43 @@ class CudaPlatform(BuiltinPlatform):
     default_compilation_level = 3
     max_compilation_level = 3
     representative_profile = "h100"
+    profile_table = PROFILES
+    custom_op_forward = "forward_cuda"
 
     # -- discovery -----------------------------------------------------------
     @classmethod
     def detect(cls) -> list[DeviceInfo]:
         """NVIDIA GPUs from sysfs, ``/proc/driver/nvidia`` and NVML (no torch)."""
-        from hwplug.platforms.probes import probe_nvidia
+        from hwplug.platforms.cuda.probe import probe_nvidia
 
         return list(probe_nvidia())
 
     # -- device queries ---------------------------------------------------------
-    def _nvml_target(self, i: int) -> int | str:
+    library = NVML
+    device_queries = {
+        "capability": DeviceQuery(
+            vendor=lambda nv, h: DeviceCapability(*nv.nvmlDeviceGetCudaComputeCapability(h)),
+            detected=lambda d: d.capability,
+            torch_cuda=lambda tc, i: DeviceCapability(*tc.get_device_capability(i)),
+        ),
+        "name": DeviceQuery(
+            vendor=lambda nv, h: library_text(nv.nvmlDeviceGetName(h)),
+            detected=lambda d: d.name,
+            torch_cuda=lambda tc, i: str(tc.get_device_name(i)),
+        ),
+        "memory": DeviceQuery(
+            vendor=lambda nv, h: int(nv.nvmlDeviceGetMemoryInfo(h).total),
+            detected=lambda d: d.total_memory,
+            torch_cuda=lambda tc, i: int(tc.get_device_properties(i).total_memory),
+        ),
+        "memory usage": DeviceQuery(
+            vendor=lambda nv, h: int(nv.nvmlDeviceGetMemoryInfo(h).used),
+            torch_cuda=lambda tc, i: int(tc.memory_allocated(i)),
+            cached=False,
+        ),
+    }
+
+    def _library_target(self, i: int) -> int | str:
         """The NVML index of logical device ``i``, or the UUID the visibility variable gives."""
         try:
             return self.device_id_to_physical_device_id(i)
@@ -89,82 +109,10 @@ class CudaPlatform(BuiltinPlatform):
             entries = os.environ.get(self.device_control_env_var, "").split(",")
             return entries[i].strip()
 
-    def _vendor_query(self, i: int, what: str, query: Callable[[Any, Any], T]) -> T | None:
-        """Run ``query(pynvml, handle)`` for device ``i`` inside nvmlInit/nvmlShutdown."""
-        try:
-            import pynvml
-        except ImportError:
-            return None
-        target = self._nvml_target(i)
-
-        def run() -> T:
-            pynvml.nvmlInit()
-            try:
-                if isinstance(target, int):
-                    handle = pynvml.nvmlDeviceGetHandleByIndex(target)
-                else:
-                    handle = pynvml.nvmlDeviceGetHandleByUUID(target)
-                return query(pynvml, handle)
-            finally:
-                pynvml.nvmlShutdown()
-
-        return query_quietly(f"NVML {what} of device {target}", run)
-
-    def get_device_capability(self, i: int = 0) -> DeviceCapability | None:
-        """Compute capability of device ``i``.
-
-        Simulated: the profile's. Real: NVML (cached), else the detected value,
-        else ``torch.cuda`` (which initialises CUDA); None when nothing knows.
-        """
-        if self.simulated:
-            return super().get_device_capability(i)
-        return self._live_query(
-            "capability",
-            i,
-            vendor=lambda nv, h: DeviceCapability(*nv.nvmlDeviceGetCudaComputeCapability(h)),
-            detected=lambda d: d.capability,
-            torch_cuda=lambda tc: DeviceCapability(*tc.get_device_capability(i)),
-        )
-
-    def get_device_name(self, i: int = 0) -> str:
-        """Marketing name of device ``i`` (NVML, detection, then ``torch.cuda``)."""
-        if self.simulated:
-            return super().get_device_name(i)
-        name = self._live_query(
-            "name",
-            i,
-            vendor=lambda nv, h: library_text(nv.nvmlDeviceGetName(h)),
-            detected=lambda d: d.name,
-            torch_cuda=lambda tc: str(tc.get_device_name(i)),
-        )
-        return name if name is not None else super().get_device_name(i)
-
-    def get_device_total_memory(self, i: int = 0) -> int:
-        """Total memory of device ``i`` in bytes (NVML, detection, then ``torch.cuda``)."""
-        if self.simulated:
-            return super().get_device_total_memory(i)
-        total = self._live_query(
-            "memory",
-            i,
-            vendor=lambda nv, h: int(nv.nvmlDeviceGetMemoryInfo(h).total),
-            detected=lambda d: d.total_memory,
-            torch_cuda=lambda tc: int(tc.get_device_properties(i).total_memory),
-        )
-        return total if total is not None else 0
-
-    def get_current_memory_usage(self, i: int = 0) -> int:
-        """Bytes in use on device ``i``: NVML's used memory, else ``torch.cuda.memory_allocated``.
-
-        Simulated devices are idle (0). Not cached.
-        """
-        if self.simulated:
-            return super().get_current_memory_usage(i)
-        used = self._vendor_query(
-            i, "memory usage", lambda nv, h: int(nv.nvmlDeviceGetMemoryInfo(h).used)
-        )
-        if used is None:
-            used = torch_cuda_query("memory usage", lambda tc: int(tc.memory_allocated(i)))
-        return used if used is not None else 0
+    def _library_handle(self, library: Any, target: Any) -> Any:
+        if isinstance(target, int):
+            return library.nvmlDeviceGetHandleByIndex(target)
+        return library.nvmlDeviceGetHandleByUUID(target)
 
     def _capability(self) -> DeviceCapability | None:
         return self.get_device_capability(0) if self.devices else None
@@ -183,7 +131,7 @@ class CudaPlatform(BuiltinPlatform):
             return self.mla_block_sizes
         return self.block_sizes
 
-    def _cache_dtype_obstacle(self, cache_dtype: str) -> str | None:
+    def _device_cache_dtype_problem(self, cache_dtype: str) -> str | None:
         need = self.cache_dtype_min_capability.get(cache_dtype)
         cap = self._capability()
         if need is None or cap is None or cap >= need:
@@ -203,7 +151,7 @@ class CudaPlatform(BuiltinPlatform):
         super().check_and_update_config(config, changes)
 
     # -- model dtypes -----------------------------------------------------------------
-    def _bf16_obstacle(self) -> str | None:
+    def _bf16_problem(self) -> str | None:
         cap = self._capability()
         if cap is None or cap >= self.bf16_min_capability:
             return None
@@ -214,7 +162,7 @@ class CudaPlatform(BuiltinPlatform):
     # -- graphs ----------------------------------------------------------------------
     def graph_wrapper_cls(self) -> type | None:
         """The CUDA-graph wrapper (``torch.cuda.CUDAGraph``)."""
-        from hwplug.platforms.graph_backends import CUDAGraphWrapper
+        from hwplug.platforms.cuda_graphs import CUDAGraphWrapper
 
         return CUDAGraphWrapper
 

@@ -1,22 +1,17 @@
-"""Device graph backends and the wrappers that bind them.
+"""CUDA graphs, shared by the CUDA and ROCm platforms (HIP graphs through the same API).
 
-* :class:`CudaGraphBackend` captures with ``torch.cuda.CUDAGraph`` on a side
-  stream into one ``torch.cuda.graph_pool_handle()`` pool per process; ROCm
-  runs HIP graphs through the same API.
-* :class:`HpuGraphBackend` captures with Habana's ``HPUGraph``
-  (``habana_frameworks.torch.hpu``).
+:class:`CudaGraphBackend` captures with ``torch.cuda.CUDAGraph`` on a side
+stream into one ``torch.cuda.graph_pool_handle()`` pool per process;
+:class:`CUDAGraphWrapper` is what both platforms return from
+``Platform.graph_wrapper_cls()``. All capture/replay bookkeeping lives in
+:class:`hwplug.core.graphs.GraphWrapper`.
 
-:class:`CUDAGraphWrapper` and :class:`HPUGraphWrapper` are what the CUDA/ROCm
-and HPU platforms return from ``Platform.graph_wrapper_cls()``. All
-capture/replay bookkeeping lives in :class:`hwplug.core.graphs.GraphWrapper`.
-
-Importing this module imports neither torch nor the Habana stack; creating a
-backend imports what it needs, and the first capture initialises the device.
+Importing this module does not import torch; creating a backend does, and the
+first capture initialises the device.
 """
 
 from __future__ import annotations
 
-import importlib
 import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -26,13 +21,7 @@ from hwplug.core.graphs import BatchDescriptor, GraphBackend, GraphWrapper
 if TYPE_CHECKING:
     import torch
 
-__all__ = [
-    "CUDAGraphWrapper",
-    "CudaGraphBackend",
-    "HPUGraphWrapper",
-    "HpuGraphBackend",
-    "non_owning_alias",
-]
+__all__ = ["CUDAGraphWrapper", "CudaGraphBackend", "non_owning_alias"]
 
 
 def non_owning_alias(output: Any) -> Any:
@@ -123,75 +112,9 @@ class CudaGraphBackend:
         torch.cuda.synchronize()
 
 
-def _import_habana() -> Any:
-    try:
-        return importlib.import_module("habana_frameworks.torch.hpu")
-    except ImportError as exc:
-        raise RuntimeError(
-            "HPU graphs need the Intel Gaudi software stack (habana_frameworks.torch), which "
-            f"cannot be imported here ({exc}); install it, or run without graphs "
-            "(compilation.cudagraph_mode=NONE)"
-        ) from exc
-
-
-class HpuGraphBackend:
-    """Intel Gaudi graphs through ``habana_frameworks.torch.hpu.HPUGraph``.
-
-    HPU graphs manage their own memory, so there is no pool to share
-    (:meth:`graph_pool_handle` returns None).
-
-    :raises RuntimeError: at construction when ``habana_frameworks`` is missing.
-    """
-
-    name = "hpu"
-
-    def __init__(self) -> None:
-        self._hpu = _import_habana()
-        self._stream: Any = None
-
-    def graph_pool_handle(self) -> None:
-        return None
-
-    def capture(self, fn: Callable[[], Any], *, pool: Any, key: BatchDescriptor) -> tuple[Any, Any]:
-        hpu = self._hpu
-        if self._stream is None:
-            self._stream = hpu.Stream()
-        graph = hpu.HPUGraph()
-        with hpu.stream(self._stream):
-            graph.capture_begin()
-            try:
-                output = fn()
-            finally:
-                graph.capture_end()
-        graph.replay()
-        return graph, output
-
-    def replay(self, graph: Any, output: Any) -> Any:
-        graph.replay()
-        return output
-
-    def weak_ref(self, output: Any) -> Any:
-        return output
-
-    def synchronize(self) -> None:
-        self._hpu.synchronize()
-
-
 class CUDAGraphWrapper(GraphWrapper):
     """:class:`GraphWrapper` on CUDA graphs (CUDA and ROCm platforms)."""
 
     @classmethod
     def default_backend(cls) -> GraphBackend:
         return CudaGraphBackend.shared()
-
-
-class HPUGraphWrapper(GraphWrapper):
-    """:class:`GraphWrapper` on HPU graphs (Intel Gaudi)."""
-
-    _shared: ClassVar[HpuGraphBackend | None] = None
-
-    @classmethod
-    def default_backend(cls) -> GraphBackend:
-        if HPUGraphWrapper._shared is None:
-            HPUGraphWrapper._shared = HpuGraphBackend()
-        return HPUGraphWrapper._shared

@@ -1,0 +1,23 @@
+"""The host CPU: the built-in ``cpu`` platform plugin.
+
+This folder holds everything hwplug knows about it: ``platform.py`` (the
+rules), ``probe.py`` (torch-free detection), ``profiles.py`` (simulated
+devices). The ``hwplug.platforms`` entry point
+``cpu`` names this package.
+"""
+
+from __future__ import annotations
+
+from hwplug.platforms.cpu.platform import (
+    KVCACHE_SPACE_ENV,
+    MIN_KVCACHE_SPACE,
+    CpuPlatform,
+    hwplug_platforms,
+)
+
+__all__ = [
+    "CpuPlatform",
+    "KVCACHE_SPACE_ENV",
+    "MIN_KVCACHE_SPACE",
+    "hwplug_platforms",
+]
