@@ -36,35 +36,9 @@ from hwplug.core.platform import Platform
 from tiny_engine.model import CausalLM
 from tiny_engine.scheduler import Step
 
-__all__ = ["CpuReplayGraphBackend", "ModelRunner"]
+__all__ = ["ModelRunner"]
 
 logger = logging.getLogger("tiny_engine")
-
-
-class CpuReplayGraphBackend(RecordingGraphBackend):
-    """hwplug's :class:`RecordingGraphBackend`, replaying into the captured output.
-
-    A device graph writes each replay's results into the memory of the output
-    it captured, and the next piece of a split graph reads them from there.
-    The recording backend returns a fresh output instead; this subclass copies
-    it into the captured one, so a simulated platform's graph flow (FULL and
-    PIECEWISE) computes the right values on CPU tensors.
-    """
-
-    # WORKAROUND (hwplug defect): RecordingGraphBackend.replay does not keep the
-    # captured output's memory, so piecewise graphs chained under it read stale inputs.
-    def replay(self, graph: Any, output: Any) -> Any:
-        fresh = super().replay(graph, output)
-        _copy_into(output, fresh)
-        return output
-
-
-def _copy_into(dest: Any, src: Any) -> None:
-    if isinstance(dest, torch.Tensor):
-        dest.copy_(src)
-    elif isinstance(dest, (list, tuple)):
-        for d, s in zip(dest, src):
-            _copy_into(d, s)
 
 
 class ModelRunner:
@@ -95,11 +69,11 @@ class ModelRunner:
         self.max_blocks = -(-self.max_model_len // self.block_size)
 
         self.graph_backend: GraphBackend | None = None
-        """The backend graph wrappers use: None (the platform's own), or the CPU
-        replay backend when a simulated platform's configuration runs on CPU tensors."""
+        """The backend graph wrappers use: None (the platform's own), or hwplug's
+        recording backend when a simulated platform's configuration runs on CPU tensors."""
         wrapper_cls = platform.graph_wrapper_cls()
         if wrapper_cls is not None and device.type != platform.device_type:
-            self.graph_backend = CpuReplayGraphBackend()
+            self.graph_backend = RecordingGraphBackend()
         self.dispatcher = GraphDispatcher(config.compilation, max_num_seqs=self.max_num_seqs)
         self.max_tokens = max(sched.max_num_batched_tokens, self.dispatcher.max_capture_size)
 
