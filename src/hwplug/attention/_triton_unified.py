@@ -354,13 +354,14 @@ def write_new_tokens(
     """
     slots = slot_mapping.contiguous()
     for src, cache, scale in ((key, key_cache, k_scale), (value, value_cache, v_scale)):
+        arg, in_memory = _scale_arg(scale, src.device)
         if cache.dtype not in FP8_FORMATS:
             _triton_kv.write_rows(src, cache, slots, 1.0, interpret=interpret)
-        elif isinstance(scale, torch.Tensor):
-            divided = src.to(torch.float32) / scale.reshape(1).to(src.device)
+        elif isinstance(arg, torch.Tensor) and in_memory:
+            divided = src.to(torch.float32) / arg.reshape(1)
             _triton_kv.write_rows(divided, cache, slots, 1.0, interpret=interpret)
         else:
-            _triton_kv.write_rows(src, cache, slots, float(scale), interpret=interpret)
+            _triton_kv.write_rows(src, cache, slots, float(arg), interpret=interpret)
 
 
 def unified_attention(
