@@ -78,6 +78,19 @@ def resolve(
     return pipeline.resolve(config, plat, pm.hook, describe=pm.describe)
 
 
+def _piecewise_backend(compilation: Any, engine_config: Any) -> Any:
+    from hwplug.compilation.piecewise import PiecewiseBackend
+
+    return PiecewiseBackend(compilation, engine_config, platform=get_platform())
+
+
+def _wire() -> None:
+    """Hand core the collaborators it takes: the current platform and the compile backend."""
+    from hwplug.core import collaborators
+
+    collaborators.provide(platform=get_platform, piecewise_backend=_piecewise_backend)
+
+
 def __getattr__(name: str) -> Any:
     # PEP 562: resolve lazily so that plugins can import hwplug before selection runs.
     if name == "current_platform":
@@ -91,3 +104,6 @@ def __getattr__(name: str) -> Any:
 
 def __dir__() -> list[str]:
     return sorted(set(globals()) | {"current_platform", "use_platform"})
+
+
+_wire()

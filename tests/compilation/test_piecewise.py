@@ -18,11 +18,12 @@ from hwplug.core.errors import ConfigError
 from hwplug.core.graphs import (
     BatchDescriptor,
     GraphDispatcher,
-    RecordingGraphBackend,
     capture_graphs,
     graph_context,
 )
+from hwplug.platforms.cuda import CudaPlatform
 from hwplug.platforms.cuda_graphs import CUDAGraphWrapper
+from hwplug.testing import RecordingGraphBackend
 
 HIDDEN = 8
 
@@ -261,8 +262,8 @@ def test_pieces_are_wrapped_only_for_piecewise_graphs_on_graph_platforms(
     profile: str, mode: str, wrapped: bool
 ) -> None:
     model = TinyModel()
-    backend = PiecewiseBackend(level3(cudagraph_mode=mode))
-    with hwplug.use_platform(profile):
+    with hwplug.use_platform(profile) as platform:
+        backend = PiecewiseBackend(level3(cudagraph_mode=mode), platform=platform)
         compiled = torch.compile(model, backend=backend)
         x = inputs(4)
         # No graph context: the wrappers run their pieces eagerly, on CPU too.
@@ -278,16 +279,17 @@ def test_pieces_are_wrapped_only_for_piecewise_graphs_on_graph_platforms(
         assert backend.wrapped_piece_names == []
 
 
-def test_piecewise_capture_and_replay_end_to_end(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_piecewise_capture_and_replay_end_to_end() -> None:
     """Compile, capture every planned key, then serve padded batches from the graphs."""
     recorder = RecordingGraphBackend()
-    monkeypatch.setattr(CUDAGraphWrapper, "default_backend", classmethod(lambda cls: recorder))
     config = level3(
         cudagraph_mode="PIECEWISE", cudagraph_num_of_warmups=1, cudagraph_copy_inputs=True
     )
     config.init_with_cudagraph_sizes([1, 2, 4, 8])
     model = TinyModel()
-    backend = PiecewiseBackend(config)
+    backend = PiecewiseBackend(
+        config, platform=CudaPlatform.simulate("h100"), graph_backend=recorder
+    )
     dispatcher = GraphDispatcher(config)
 
     with hwplug.use_platform("h100"):
@@ -312,6 +314,21 @@ def test_piecewise_capture_and_replay_end_to_end(monkeypatch: pytest.MonkeyPatch
             torch.testing.assert_close(out, model(x))
     assert len(recorder.captures) == 12
     assert len(recorder.replays) == 3 * 4  # n = 9 is above the largest size: eager
+
+
+def test_capture_without_a_device_says_how_to_capture_on_cpu() -> None:
+    config = level3(cudagraph_mode="PIECEWISE")
+    config.init_with_cudagraph_sizes([4])
+    backend = PiecewiseBackend(config, platform=CudaPlatform.simulate("h100"))
+    compiled = torch.compile(TinyModel(), backend=backend, dynamic=True)
+    compiled(inputs(3))
+    if torch.cuda.is_available():
+        pytest.skip("a real GPU would capture")
+    with pytest.raises(RuntimeError, match="RecordingGraphBackend"):
+        capture_graphs(
+            lambda key: compiled(torch.zeros(key.num_tokens, HIDDEN)),
+            GraphDispatcher(config).capture_keys(),
+        )
 
 
 # -- Inductor ----------------------------------------------------------------------------

@@ -18,7 +18,6 @@ from hwplug.core.graphs import (
     GraphDispatcher,
     GraphOptions,
     GraphWrapper,
-    RecordingGraphBackend,
     capture_graphs,
     capture_phase,
     graph_context,
@@ -28,6 +27,7 @@ from hwplug.platforms import cuda_graphs
 from hwplug.platforms.cuda_graphs import CudaGraphBackend, CUDAGraphWrapper, non_owning_alias
 from hwplug.platforms.hpu import graphs as hpu_graphs
 from hwplug.platforms.hpu.graphs import HpuGraphBackend, HPUGraphWrapper
+from hwplug.testing import RecordingGraphBackend
 
 NONE = CUDAGraphMode.NONE
 PIECEWISE = CUDAGraphMode.PIECEWISE

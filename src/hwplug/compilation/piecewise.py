@@ -13,6 +13,7 @@ This module imports torch; only compilation code imports it.
 from __future__ import annotations
 
 import copy
+import functools
 import logging
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -27,6 +28,8 @@ from hwplug.core.errors import ConfigError
 
 if TYPE_CHECKING:
     from hwplug.core.config import CompilationConfig, EngineConfig
+    from hwplug.core.graphs import GraphBackend
+    from hwplug.core.platform import Platform
 
 __all__ = ["PiecewiseBackend", "op_names", "split_graph"]
 
@@ -138,8 +141,11 @@ class _CompiledPiece:
 class PiecewiseBackend:
     """A ``torch.compile`` backend that compiles a model piece by piece.
 
-    ``PiecewiseBackend(compilation_config, engine_config=None)`` is what
-    ``CompilationConfig.init_backend()`` returns at level 3. Calling it with
+    ``PiecewiseBackend(compilation_config, engine_config=None, *, platform=None,
+    graph_backend=None)``; ``CompilationConfig.init_backend()`` returns one
+    for the current platform at level 3. ``platform`` provides the graph
+    wrapper (``graph_wrapper_cls()``) and ``graph_backend`` what it captures
+    with (a test backend on CPU, say). Calling it with
     ``(gm, example_inputs)`` returns the split graph module with its pieces
     compiled (Inductor when ``use_inductor``, eager otherwise) and, for modes
     with piecewise graphs on a platform with a graph wrapper, wrapped for
@@ -151,10 +157,19 @@ class PiecewiseBackend:
     """
 
     def __init__(
-        self, compilation_config: CompilationConfig, engine_config: EngineConfig | None = None
+        self,
+        compilation_config: CompilationConfig,
+        engine_config: EngineConfig | None = None,
+        *,
+        platform: Platform | None = None,
+        graph_backend: GraphBackend | None = None,
     ) -> None:
         self.compilation_config = compilation_config
         self.engine_config = engine_config
+        self.platform = platform
+        """Whose graph wrapper captures the pieces (None: the pieces are not wrapped)."""
+        self.graph_backend = graph_backend
+        """The backend the wrappers capture with (None: the platform wrapper's own)."""
         self.split_gm: torch.fx.GraphModule | None = None
         self.piece_names: list[str] = []
         self.splitting_piece_names: list[str] = []
@@ -226,13 +241,16 @@ class PiecewiseBackend:
         mode = self.compilation_config.cudagraph_mode
         if mode is None or not CUDAGraphMode.parse(mode).has_piecewise_cudagraphs():
             return None
-        import hwplug
-
-        platform = hwplug.current_platform
-        if not getattr(platform, "supports_piecewise_graphs", True):
+        platform = self.platform
+        if platform is None or not platform.supports_piecewise_graphs:
             return None
         wrapper_cls: Callable[..., Any] | None = platform.graph_wrapper_cls()
-        return wrapper_cls
+        if wrapper_cls is None:
+            return None
+        backend = self.graph_backend
+        if backend is None:
+            return wrapper_cls
+        return functools.partial(wrapper_cls, backend=backend)
 
     def _partition_wrapper(self) -> Callable[[Any, Any], Any] | None:
         # With inductor graph partition, Inductor hands each graph-safe partition to us.

@@ -5,12 +5,15 @@ implements ``forward_native`` (plain PyTorch, what the compiler sees and
 fuses) and, where it pays, ``forward_cuda``, ``forward_hip``,
 ``forward_cpu``, ``forward_hpu``, ``forward_xpu`` or ``forward_oot`` (any
 out-of-tree platform). Each instance picks its forward once, at
-construction, from ``hwplug.current_platform`` and the compilation config:
+construction, from the platform and the compilation config in force
+(:func:`compilation_config_for_ops`; the platform defaults to the one the
+package face provides, ``hwplug.current_platform``):
 
 * a disabled op always runs ``forward_native``;
-* an enabled op runs the method of the current platform (cuda ->
-  ``forward_cuda``, rocm -> ``forward_hip``, cpu, hpu, xpu -> their own,
-  any other platform -> ``forward_oot``). Every method defaults to
+* an enabled op runs the platform's method, named by
+  ``Platform.custom_op_forward`` (``forward_cuda`` on CUDA, ``forward_hip``
+  on ROCm, ``forward_cpu``, ``forward_hpu``, ``forward_xpu``, and
+  ``forward_oot`` on any other platform). Every method defaults to
   ``forward_native`` (``forward_hip`` goes through ``forward_cuda``, since
   HIP builds of CUDA kernels are the norm).
 
@@ -37,6 +40,7 @@ from collections.abc import Callable, Iterator
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
+from hwplug.core import collaborators
 from hwplug.core.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -46,7 +50,6 @@ if TYPE_CHECKING:
     from hwplug.core.platform import Platform
 
 __all__ = [
-    "FORWARD_METHODS",
     "CustomOp",
     "compilation_config_for_ops",
     "custom_op_enabled",
@@ -58,15 +61,6 @@ __all__ = [
 
 _T = TypeVar("_T", bound=type)
 
-FORWARD_METHODS: dict[str, str] = {
-    "cuda": "forward_cuda",
-    "rocm": "forward_hip",
-    "cpu": "forward_cpu",
-    "hpu": "forward_hpu",
-    "xpu": "forward_xpu",
-}
-"""Forward method per built-in platform name; any other platform uses ``forward_oot``."""
-
 op_registry: dict[str, type] = {}
 """In-tree custom ops by name (filled by ``CustomOp.register``)."""
 
@@ -75,17 +69,28 @@ op_registry_oot: dict[tuple[str, str | None], type] = {}
 
 _PIECEWISE_LEVEL = 3
 _op_config: ContextVar[CompilationConfig | None] = ContextVar("hwplug_op_config", default=None)
+_op_platform: ContextVar[Platform | None] = ContextVar("hwplug_op_platform", default=None)
 _default_config: list[CompilationConfig] = []
 _build_lock = threading.Lock()
 
 
+def _current_platform() -> Platform:
+    platform = _op_platform.get()
+    if platform is not None:
+        return platform
+    return collaborators.current_platform("building a custom op")
+
+
 @contextlib.contextmanager
-def compilation_config_for_ops(config: Any) -> Iterator[CompilationConfig]:
-    """Build custom ops inside this block against ``config``.
+def compilation_config_for_ops(
+    config: Any, platform: Platform | None = None
+) -> Iterator[CompilationConfig]:
+    """Build custom ops inside this block against ``config`` (and ``platform``).
 
     ``config`` is a ``CompilationConfig`` or an ``EngineConfig`` (its
-    ``compilation`` part is used). Ops record themselves into this config's
-    ``enabled_custom_ops``/``disabled_custom_ops``.
+    ``compilation`` part is used); ``platform`` decides which forward enabled
+    ops run (default: the current platform). Ops record themselves into this
+    config's ``enabled_custom_ops``/``disabled_custom_ops``.
     """
     compilation = getattr(config, "compilation", config)
     if not hasattr(compilation, "custom_ops"):
@@ -94,9 +99,12 @@ def compilation_config_for_ops(config: Any) -> Iterator[CompilationConfig]:
             f"got {type(config).__name__}"
         )
     token = _op_config.set(compilation)
+    platform_token = _op_platform.set(platform) if platform is not None else None
     try:
         yield compilation
     finally:
+        if platform_token is not None:
+            _op_platform.reset(platform_token)
         _op_config.reset(token)
 
 
@@ -140,15 +148,14 @@ def custom_op_enabled(name: str, config: CompilationConfig) -> bool:
 
 
 def forward_method_name(platform: Platform | str) -> str:
-    """The forward method an enabled op uses on ``platform`` (a platform or its name)."""
-    name = platform if isinstance(platform, str) else platform.name
-    return FORWARD_METHODS.get(name, "forward_oot")
+    """The forward method an enabled op uses on ``platform``.
 
-
-def _current_platform_name() -> str:
-    import hwplug
-
-    return str(hwplug.current_platform.name)
+    A platform answers with its ``custom_op_forward``; a bare name, with no
+    platform to ask, gets ``forward_oot``.
+    """
+    if isinstance(platform, str):
+        return "forward_oot"
+    return str(platform.custom_op_forward)
 
 
 def _check_op_name(name: object, what: str) -> str:
@@ -219,7 +226,7 @@ class _CustomOpBase:
         counter.update([name])
         if not enabled:
             return self.forward_native
-        method: Callable[..., Any] = getattr(self, forward_method_name(_current_platform_name()))
+        method: Callable[..., Any] = getattr(self, forward_method_name(_current_platform()))
         return method
 
     # -- registries -----------------------------------------------------------------
@@ -268,7 +275,7 @@ class _CustomOpBase:
             return None
         if not op_registry_oot:
             return None
-        platform = _current_platform_name()
+        platform = _current_platform().name
         return op_registry_oot.get((name, platform)) or op_registry_oot.get((name, None))
 
 

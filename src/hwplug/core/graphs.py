@@ -1,31 +1,25 @@
-"""Graph-mode dispatch and graph capture/replay, written once for every platform.
+"""Graph capture and replay, written once for every platform.
 
-Three layers, from the hot path outwards:
-
-* :class:`GraphDispatcher` maps a batch (:class:`BatchDescriptor`) to the
-  runtime graph mode and the graph key it should run with. It is built once
-  after resolution and does only two list look-ups per call.
-* :func:`resolve_runtime_graph_mode` degrades the configured
-  ``compilation.cudagraph_mode`` to what the attention backends can capture
-  (:class:`AttentionGraphSupport`); it is pure and runs once, before capture.
 * :class:`GraphWrapper` captures a callable once per graph key and replays it,
   against a small :class:`GraphBackend` interface. The device backends (CUDA
-  graphs, HPU graphs) live in :mod:`hwplug.platforms.graph_backends`;
-  :class:`RecordingGraphBackend` is the CPU stand-in that tests use.
+  graphs, HPU graphs) live with their platforms
+  (:mod:`hwplug.platforms.cuda_graphs`, :mod:`hwplug.platforms.hpu.graphs`);
+  :class:`hwplug.testing.RecordingGraphBackend` is the CPU stand-in.
+* :func:`graph_context` says which runtime mode and key run now, so a FULL
+  wrapper around a whole model can nest PIECEWISE wrappers around its
+  pieces: each wrapper captures only when the context's mode is its own.
+* :func:`capture_graphs` captures a dispatcher's plan inside the capture phase.
 
-Which wrapper runs is decided by the ambient :func:`graph_context`, so a FULL
-wrapper around a whole model can nest PIECEWISE wrappers around its pieces:
-each wrapper captures only when the context's runtime mode is its own.
-
-Nothing here imports torch at import time; capture imports it lazily to find
-the tensors among the arguments.
+Dispatch (:class:`GraphDispatcher`) and mode fitting
+(:func:`resolve_runtime_graph_mode`) have modules of their own and are
+re-exported here. Nothing here imports torch at import time; capture imports
+it lazily to find the tensors among the arguments.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-import enum
 import functools
 import gc
 import logging
@@ -35,7 +29,13 @@ from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, runtime_checkable
 
 from hwplug.core.config import CUDAGraphMode
-from hwplug.core.errors import ConfigError
+from hwplug.core.graph_dispatch import (
+    BatchDescriptor,
+    GraphDispatcher,
+    as_runtime_mode,
+    descending,
+)
+from hwplug.core.graph_modes import AttentionGraphSupport, resolve_runtime_graph_mode
 
 if TYPE_CHECKING:
     from hwplug.core.config import CompilationConfig
@@ -48,7 +48,6 @@ __all__ = [
     "GraphDispatcher",
     "GraphOptions",
     "GraphWrapper",
-    "RecordingGraphBackend",
     "capture_graphs",
     "capture_phase",
     "current_graph_context",
@@ -59,347 +58,6 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
-
-_RUNTIME_MODES = (CUDAGraphMode.NONE, CUDAGraphMode.PIECEWISE, CUDAGraphMode.FULL)
-
-
-# ---------------------------------------------------------------------------
-# Batch descriptors and dispatch
-# ---------------------------------------------------------------------------
-
-
-class BatchDescriptor(NamedTuple):
-    """What a batch looks like to graph dispatch; also the key of a captured graph.
-
-    ``num_tokens`` is the number of tokens in the batch (after padding, when it
-    is used as a graph key). ``uniform_decode`` is true when every request in
-    the batch has the same query length (1, or 1 + the number of speculative
-    tokens). Kept minimal because it is hashed on every step.
-    """
-
-    num_tokens: int
-    uniform_decode: bool = False
-
-    @property
-    def non_uniform(self) -> BatchDescriptor:
-        """The same batch with ``uniform_decode=False``."""
-        return BatchDescriptor(self.num_tokens, False)
-
-
-def _as_graph_mode(value: object, field: str = "compilation.cudagraph_mode") -> CUDAGraphMode:
-    if value is None:
-        return CUDAGraphMode.NONE
-    if isinstance(value, CUDAGraphMode):
-        return value
-    if isinstance(value, str) and value.upper() in CUDAGraphMode.__members__:
-        return CUDAGraphMode[value.upper()]
-    allowed = ", ".join(CUDAGraphMode.__members__)
-    raise ConfigError(f"{field}={value!r} is not a graph mode; use one of: {allowed}")
-
-
-def _as_runtime_mode(value: object) -> CUDAGraphMode:
-    mode = _as_graph_mode(value, "runtime_mode")
-    if mode not in _RUNTIME_MODES:
-        raise ValueError(
-            f"runtime_mode={mode.name} is not a runtime graph mode; use one of: "
-            "NONE, PIECEWISE, FULL (FULL_DECODE_ONLY and FULL_AND_PIECEWISE are "
-            "configuration modes that dispatch resolves per batch)"
-        )
-    return mode
-
-
-def _descending(keys: Iterable[BatchDescriptor]) -> tuple[BatchDescriptor, ...]:
-    return tuple(sorted(set(keys), key=lambda k: (k[0], k[1]), reverse=True))
-
-
-_Dispatch = tuple[CUDAGraphMode, BatchDescriptor]
-
-
-class GraphDispatcher:
-    """Chooses the runtime graph mode and graph key of each batch (SPEC section 7).
-
-    Build it from a resolved compilation config (capture sizes and the padding
-    table filled in). A uniform-decode batch takes ``cudagraph_mode.decode_mode()``,
-    any other batch ``mixed_mode()``. Batches above ``max_capture_size``, empty
-    batches and batches whose side of the mode is NONE run as NONE with the
-    batch returned unchanged. Otherwise the key's ``num_tokens`` is the padded
-    size and its ``uniform_decode`` flag is kept only on the decode side of a
-    separate-routine mode (FULL_DECODE_ONLY, FULL_AND_PIECEWISE).
-
-    With ``max_num_seqs``, a uniform batch whose padded size exceeds
-    ``max_num_seqs * uniform_decode_query_len`` tokens takes the mixed route:
-    no decode graph is captured above that size.
-
-    Every answer is precomputed here, so :meth:`dispatch` costs two list
-    look-ups and allocates nothing for batches that run with a graph.
-    """
-
-    __slots__ = (
-        "_capture_keys",
-        "_decode",
-        "_max",
-        "_mixed",
-        "decode_limit",
-        "max_capture_size",
-        "mode",
-        "uniform_decode_query_len",
-    )
-
-    def __init__(
-        self,
-        compilation_config: CompilationConfig,
-        *,
-        max_num_seqs: int | None = None,
-        uniform_decode_query_len: int = 1,
-    ) -> None:
-        if max_num_seqs is not None and (
-            isinstance(max_num_seqs, bool) or not isinstance(max_num_seqs, int) or max_num_seqs < 1
-        ):
-            raise ValueError(
-                f"scheduler.max_num_seqs must be a positive integer or None, got {max_num_seqs!r}"
-            )
-        if (
-            isinstance(uniform_decode_query_len, bool)
-            or not isinstance(uniform_decode_query_len, int)
-            or uniform_decode_query_len < 1
-        ):
-            raise ValueError(
-                "uniform_decode_query_len must be a positive integer (1, or 1 + the number "
-                f"of speculative tokens), got {uniform_decode_query_len!r}"
-            )
-        mode = _as_graph_mode(compilation_config.cudagraph_mode)
-        table = self._padding_table(compilation_config) if mode is not CUDAGraphMode.NONE else [0]
-
-        self.mode: CUDAGraphMode = mode
-        """The configured (resolved) mode this dispatcher serves."""
-        self.max_capture_size: int = len(table) - 1
-        """Largest batch that runs with a graph (0: none does)."""
-        self.uniform_decode_query_len: int = uniform_decode_query_len
-        self.decode_limit: int | None = (
-            None if max_num_seqs is None else max_num_seqs * uniform_decode_query_len
-        )
-        """Most tokens a uniform-decode batch can have, or None when unbounded."""
-
-        mixed_mode = mode.mixed_mode()
-        decode_mode = mode.decode_mode()
-        keep_uniform = mode.separate_routine()
-        # One descriptor per padded size, shared by every batch size padding to it.
-        mixed_keys: dict[int, _Dispatch] = {}
-        decode_keys: dict[int, _Dispatch] = {}
-        mixed: list[_Dispatch | None] = [None]  # 0 tokens: nothing to run a graph on
-        decode: list[_Dispatch | None] = [None]
-        for n in range(1, len(table)):
-            padded = table[n]
-            mixed_entry: _Dispatch | None = None
-            if mixed_mode is not CUDAGraphMode.NONE:
-                mixed_entry = mixed_keys.setdefault(
-                    padded, (mixed_mode, BatchDescriptor(padded, False))
-                )
-            mixed.append(mixed_entry)
-            if self.decode_limit is not None and padded > self.decode_limit:
-                decode.append(mixed_entry)
-            elif decode_mode is CUDAGraphMode.NONE:
-                decode.append(None)
-            else:
-                decode.append(
-                    decode_keys.setdefault(
-                        padded, (decode_mode, BatchDescriptor(padded, keep_uniform))
-                    )
-                )
-        self._mixed: tuple[_Dispatch | None, ...] = tuple(mixed)
-        self._decode: tuple[_Dispatch | None, ...] = tuple(decode)
-        self._max = self.max_capture_size
-
-        by_mode: dict[CUDAGraphMode, list[BatchDescriptor]] = {
-            CUDAGraphMode.PIECEWISE: [],
-            CUDAGraphMode.FULL: [],
-        }
-        for entry in (*mixed, *decode):
-            if entry is not None:
-                by_mode[entry[0]].append(entry[1])
-        self._capture_keys = {m: _descending(keys) for m, keys in by_mode.items()}
-
-    @staticmethod
-    def _padding_table(config: CompilationConfig) -> list[int]:
-        table = config.bs_to_padded_graph_size
-        if table is None:
-            if config.cudagraph_capture_sizes is None:
-                return [0]
-            # Not finalised by resolve(): finalise a copy so the caller's object is untouched.
-            import copy
-
-            finalised = copy.deepcopy(config)
-            finalised.init_with_cudagraph_sizes(list(config.cudagraph_capture_sizes))
-            table = finalised.bs_to_padded_graph_size or [0]
-        if not table or any(table[n] < n for n in range(len(table))):
-            raise ConfigError(
-                "compilation.bs_to_padded_graph_size must map every batch size 0..max to a "
-                f"size >= it; got {table!r}. Resolve the config with hwplug.resolve() or call "
-                "init_with_cudagraph_sizes()"
-            )
-        return list(table)
-
-    def dispatch(self, batch: BatchDescriptor) -> tuple[CUDAGraphMode, BatchDescriptor]:
-        """Return ``(runtime_mode, key)`` for ``batch``.
-
-        ``runtime_mode`` is NONE, PIECEWISE or FULL. For NONE, ``key`` is
-        ``batch`` itself; otherwise it is the graph key to replay.
-        """
-        n = batch[0]
-        if 0 < n <= self._max:
-            entry = (self._decode if batch[1] else self._mixed)[n]
-            if entry is not None:
-                return entry
-        elif n < 0:
-            raise ValueError(f"BatchDescriptor.num_tokens must be >= 0, got {n}")
-        return (CUDAGraphMode.NONE, batch)
-
-    def capture_keys(self) -> dict[CUDAGraphMode, tuple[BatchDescriptor, ...]]:
-        """The graph keys to capture, per runtime mode (PIECEWISE and FULL), largest first.
-
-        Exactly the keys :meth:`dispatch` can return, so a captured engine never
-        meets a key it has no graph for.
-        """
-        return dict(self._capture_keys)
-
-    @property
-    def runtime_modes(self) -> tuple[CUDAGraphMode, ...]:
-        """Runtime modes that have graphs to capture (a subset of PIECEWISE, FULL)."""
-        return tuple(m for m, keys in self._capture_keys.items() if keys)
-
-    def __repr__(self) -> str:
-        counts = ", ".join(f"{m.name}: {len(k)}" for m, k in self._capture_keys.items())
-        return (
-            f"GraphDispatcher(mode={self.mode.name}, max_capture_size={self.max_capture_size}, "
-            f"decode_limit={self.decode_limit}, keys={{{counts}}})"
-        )
-
-
-# ---------------------------------------------------------------------------
-# Runtime mode resolution against attention backends
-# ---------------------------------------------------------------------------
-
-
-class AttentionGraphSupport(enum.IntEnum):
-    """How much of a batch an attention backend can run inside a full graph.
-
-    Ordered: a higher level supports everything a lower one does.
-    """
-
-    NEVER = 0
-    """No full-graph capture at all."""
-    UNIFORM_SINGLE_TOKEN_DECODE = 1
-    """Batches where every request decodes exactly one token."""
-    UNIFORM_BATCH = 2
-    """Batches with one query length for every request (spec decode included)."""
-    ALWAYS = 3
-    """Any batch, mixed prefill and decode included."""
-
-
-SupportLike = AttentionGraphSupport | str | int | Iterable[AttentionGraphSupport | str | int]
-
-
-def _as_support(value: object) -> AttentionGraphSupport:
-    if isinstance(value, AttentionGraphSupport):
-        return value
-    if isinstance(value, str):
-        key = value.strip().upper()
-        if key in AttentionGraphSupport.__members__:
-            return AttentionGraphSupport[key]
-    elif isinstance(value, int) and not isinstance(value, bool):
-        with contextlib.suppress(ValueError):
-            return AttentionGraphSupport(value)
-    elif isinstance(value, Iterable):
-        levels = [_as_support(v) for v in value]
-        # No attention layer constrains nothing.
-        return min(levels, default=AttentionGraphSupport.ALWAYS)
-    allowed = ", ".join(AttentionGraphSupport.__members__)
-    raise ValueError(
-        f"attention graph support must be one of {allowed} (or a list of them), got {value!r}"
-    )
-
-
-def resolve_runtime_graph_mode(
-    compilation_config: CompilationConfig,
-    support: SupportLike,
-    *,
-    uniform_decode_query_len: int = 1,
-) -> CUDAGraphMode:
-    """Degrade ``compilation.cudagraph_mode`` to what the attention backends can capture.
-
-    ``support`` is an :class:`AttentionGraphSupport` (or its name), or a list of
-    them, one per attention backend in use; the weakest one decides. Pure: the
-    config is not modified. The rules, in order:
-
-    1. Mixed side FULL with support below ALWAYS: NEVER is an error; otherwise
-       FULL_AND_PIECEWISE when attention is among the splitting ops, else
-       FULL_DECODE_ONLY.
-    2. Decode side FULL with support NEVER: PIECEWISE when attention is
-       compiled piecewise, else NONE.
-    3. Decode side FULL with speculative decoding (``uniform_decode_query_len``
-       > 1) and support below UNIFORM_BATCH: likewise PIECEWISE or NONE.
-    4. Any full graph left with support NEVER is a :class:`ConfigError`.
-
-    :raises ConfigError: when full graphs are requested but no attention
-        backend can be captured in them; the message suggests PIECEWISE.
-    """
-    if (
-        isinstance(uniform_decode_query_len, bool)
-        or not isinstance(uniform_decode_query_len, int)
-        or uniform_decode_query_len < 1
-    ):
-        raise ValueError(
-            f"uniform_decode_query_len must be a positive integer, got {uniform_decode_query_len!r}"
-        )
-    level = _as_support(support)
-    configured = _as_graph_mode(compilation_config.cudagraph_mode)
-    mode = configured
-    full = CUDAGraphMode.FULL
-
-    def never_error() -> ConfigError:
-        return ConfigError(
-            f"compilation.cudagraph_mode={configured.name} needs full graphs, but the "
-            f"attention backend's graph support is {level.name} (it cannot run inside a "
-            "full graph); use compilation.cudagraph_mode=PIECEWISE (with "
-            "compilation.level=3) or NONE"
-        )
-
-    if mode.mixed_mode() is full and level < AttentionGraphSupport.ALWAYS:
-        if level is AttentionGraphSupport.NEVER:
-            raise never_error()
-        if compilation_config.splitting_ops_contain_attention():
-            mode = CUDAGraphMode.FULL_AND_PIECEWISE
-        else:
-            mode = CUDAGraphMode.FULL_DECODE_ONLY
-        logger.warning(
-            "attention graph support %s cannot capture mixed batches: "
-            "compilation.cudagraph_mode %s -> %s",
-            level.name,
-            configured.name,
-            mode.name,
-        )
-
-    if mode.decode_mode() is full and (
-        level is AttentionGraphSupport.NEVER
-        or (uniform_decode_query_len > 1 and level < AttentionGraphSupport.UNIFORM_BATCH)
-    ):
-        before = mode
-        if compilation_config.is_attention_compiled_piecewise():
-            mode = CUDAGraphMode.PIECEWISE
-        else:
-            mode = CUDAGraphMode.NONE
-        logger.warning(
-            "attention graph support %s cannot capture decode batches of query length %d: "
-            "compilation.cudagraph_mode %s -> %s",
-            level.name,
-            uniform_decode_query_len,
-            before.name,
-            mode.name,
-        )
-
-    if mode.has_full_cudagraphs() and level is AttentionGraphSupport.NEVER:
-        raise never_error()
-    return mode
 
 
 # ---------------------------------------------------------------------------
@@ -430,7 +88,7 @@ def graph_context(
     other wrapper calls its runnable eagerly. Nests; restores the outer
     context on exit (also per thread and per asyncio task).
     """
-    mode = _as_runtime_mode(runtime_mode)
+    mode = as_runtime_mode(runtime_mode)
     if mode is not CUDAGraphMode.NONE and batch_descriptor is None:
         raise ValueError(f"graph_context({mode.name}) needs the batch_descriptor to use as key")
     ctx = GraphContext(mode, batch_descriptor)
@@ -498,7 +156,7 @@ def capture_graphs(
     if isinstance(num_warmups, bool) or not isinstance(num_warmups, int) or num_warmups < 0:
         raise ValueError(f"num_warmups must be an integer >= 0, got {num_warmups!r}")
     order = sorted(
-        (_as_runtime_mode(m) for m in plan), key=lambda m: m is not CUDAGraphMode.PIECEWISE
+        (as_runtime_mode(m) for m in plan), key=lambda m: m is not CUDAGraphMode.PIECEWISE
     )
     done: list[tuple[CUDAGraphMode, BatchDescriptor]] = []
     gc_was_enabled = gc.isenabled()
@@ -509,7 +167,7 @@ def capture_graphs(
             for mode in order:
                 if mode is CUDAGraphMode.NONE:
                     continue
-                for key in _descending(plan[mode]):
+                for key in descending(plan[mode]):
                     with graph_context(mode, key):
                         for _ in range(num_warmups + 1):
                             run(key)
@@ -562,66 +220,6 @@ class GraphBackend(Protocol):
     def synchronize(self) -> None:
         """Wait until the device has finished the work queued so far."""
         ...
-
-
-@dataclasses.dataclass
-class RecordedGraph:
-    """A graph captured by :class:`RecordingGraphBackend`: the callable and its key."""
-
-    key: BatchDescriptor
-    fn: Callable[[], Any]
-    pool: Any
-    replays: int = 0
-
-
-class RecordingGraphBackend:
-    """A CPU backend that records what wrappers ask of it.
-
-    "Capturing" runs the callable once and keeps it; "replaying" runs it
-    again, so outputs are right and every bookkeeping step can be checked on
-    CPU. ``events`` lists ``(action, key)`` in order; ``captures`` and
-    ``replays`` list the keys; ``pool_requests`` counts pool look-ups.
-    """
-
-    name = "recording"
-
-    def __init__(self) -> None:
-        self.pool: object = object()
-        self.events: list[tuple[str, BatchDescriptor | None]] = []
-        self.captures: list[BatchDescriptor] = []
-        self.replays: list[BatchDescriptor] = []
-        self.graphs: list[RecordedGraph] = []
-        self.pool_requests = 0
-        self.weak_refs = 0
-        self.synchronizations = 0
-
-    def graph_pool_handle(self) -> object:
-        self.pool_requests += 1
-        self.events.append(("pool", None))
-        return self.pool
-
-    def capture(
-        self, fn: Callable[[], Any], *, pool: Any, key: BatchDescriptor
-    ) -> tuple[RecordedGraph, Any]:
-        graph = RecordedGraph(key=key, fn=fn, pool=pool)
-        output = fn()
-        self.graphs.append(graph)
-        self.captures.append(key)
-        self.events.append(("capture", key))
-        return graph, output
-
-    def replay(self, graph: RecordedGraph, output: Any) -> Any:
-        graph.replays += 1
-        self.replays.append(graph.key)
-        self.events.append(("replay", graph.key))
-        return graph.fn()
-
-    def weak_ref(self, output: Any) -> Any:
-        self.weak_refs += 1
-        return output
-
-    def synchronize(self) -> None:
-        self.synchronizations += 1
 
 
 # ---------------------------------------------------------------------------
@@ -695,7 +293,7 @@ class GraphWrapper:
     ) -> None:
         if not callable(runnable):
             raise ValueError(f"GraphWrapper needs a callable runnable, got {runnable!r}")
-        mode = _as_runtime_mode(runtime_mode)
+        mode = as_runtime_mode(runtime_mode)
         if mode is CUDAGraphMode.NONE:
             raise ValueError(
                 "GraphWrapper runtime_mode must be FULL or PIECEWISE; NONE means no graph, "

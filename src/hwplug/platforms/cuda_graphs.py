@@ -71,11 +71,23 @@ class CudaGraphBackend:
             return cls._shared
 
     def graph_pool_handle(self) -> Any:
-        """The process's graph pool (initialises CUDA on first call)."""
+        """The process's graph pool (initialises CUDA on first call).
+
+        :raises RuntimeError: no CUDA or ROCm GPU is available to this process
+            (a simulated platform on a CPU machine, say).
+        """
         with CudaGraphBackend._lock:
             if CudaGraphBackend._pool is None:
                 import torch
 
+                if not torch.cuda.is_available():
+                    raise RuntimeError(
+                        "CUDA graphs need a CUDA or ROCm GPU, and torch sees none here (a "
+                        "simulated platform on a CPU machine?); to capture on CPU tensors, "
+                        "pass backend=hwplug.testing.RecordingGraphBackend() to the graph "
+                        "wrapper (graph_backend= to PiecewiseBackend), or set "
+                        "compilation.cudagraph_mode=NONE"
+                    )
                 CudaGraphBackend._pool = torch.cuda.graph_pool_handle()
             return CudaGraphBackend._pool
 

@@ -7,8 +7,6 @@ import dataclasses
 import hashlib
 import logging
 import os.path
-import sys
-import types
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +20,7 @@ from hwplug.core.config import (
     CompilationConfig,
     CompilationLevel,
     CUDAGraphMode,
+    EngineConfig,
     PassConfig,
     _common,
     compilation,
@@ -581,28 +580,30 @@ def test_init_backend_uses_the_real_dynamo_registry() -> None:
     assert CompilationConfig(level=1, backend="aot_eager").init_backend() == "aot_eager"
 
 
-def test_init_backend_for_piecewise_builds_the_piecewise_backend(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    class PiecewiseBackend:
-        def __init__(self, config: CompilationConfig, engine_config: Any) -> None:
-            self.args = (config, engine_config)
+def test_init_backend_for_piecewise_builds_the_piecewise_backend() -> None:
+    import hwplug
+    from hwplug.compilation import PiecewiseBackend
 
-    module = types.ModuleType("hwplug.compilation.piecewise")
-    module.PiecewiseBackend = PiecewiseBackend  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "hwplug.compilation.piecewise", module)
     config = CompilationConfig(level=3)
-    engine = object()
-    backend = config.init_backend(engine)  # type: ignore[arg-type]
+    engine = EngineConfig()
+    with hwplug.use_platform("h100") as platform:
+        backend = config.init_backend(engine)
     assert isinstance(backend, PiecewiseBackend)
-    assert backend.args == (config, engine)
+    assert backend.compilation_config is config
+    assert backend.engine_config is engine
+    assert backend.platform is platform
 
 
 def test_init_backend_for_piecewise_without_the_backend_is_a_clear_error(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setitem(sys.modules, "hwplug.compilation.piecewise", None)
-    with pytest.raises(ConfigError, match=r"PiecewiseBackend.*not available"):
+    from hwplug.core import collaborators
+
+    def missing(compilation: Any, engine: Any) -> Any:
+        raise RuntimeError("no piecewise compile backend is installed; import hwplug first")
+
+    monkeypatch.setattr(collaborators, "piecewise_backend", missing)
+    with pytest.raises(ConfigError, match=r"level=3 \(PIECEWISE\) has no backend here"):
         CompilationConfig(level=3).init_backend()
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import hashlib
-import importlib
 import warnings
 from collections import Counter
 from collections.abc import Callable
@@ -16,6 +15,7 @@ from pydantic import ValidationInfo, WithJsonSchema, field_validator
 from pydantic.dataclasses import dataclass
 from pydantic.json_schema import SkipJsonSchema
 
+from hwplug.core import collaborators
 from hwplug.core.config import _common
 from hwplug.core.config._common import (
     CONFIG,
@@ -389,7 +389,8 @@ class CompilationConfig(ConfigSection):
 
         Levels 1-2: ``"eager"`` when ``backend`` is empty, a backend name
         registered with Dynamo as is, else the object ``backend`` names as a
-        qualified name. Level 3: hwplug's piecewise backend for ``engine_config``.
+        qualified name. Level 3: the piecewise backend the package face installs
+        (:mod:`hwplug.core.collaborators`; hwplug's own, for the current platform).
 
         :raises ConfigError: no compilation level is set, or ``backend`` names
             nothing that can be used.
@@ -416,14 +417,11 @@ class CompilationConfig(ConfigSection):
                 ) from exc
             return backend
         try:
-            module = importlib.import_module("hwplug.compilation.piecewise")
-            backend_cls = module.PiecewiseBackend
-        except (ImportError, AttributeError) as exc:
+            result: Callable[..., Any] = collaborators.piecewise_backend(self, engine_config)
+        except RuntimeError as exc:
             raise ConfigError(
-                "compilation.level=3 (PIECEWISE) needs hwplug.compilation.piecewise."
-                f"PiecewiseBackend, which is not available ({exc}); use level 1 or 2"
+                f"compilation.level=3 (PIECEWISE) has no backend here ({exc}); use level 1 or 2"
             ) from exc
-        result: Callable[..., Any] = backend_cls(self, engine_config)
         return result
 
     # ------------------------------------------------------------------ capture sizes
