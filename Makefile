@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 # The CPU build of torch is pinned for set-up here; pyproject.toml keeps a normal range.
 TORCH_PIN ?= torch==2.13.0
 
-.PHONY: run test lint typecheck bench docs docs-serve clean setup
+.PHONY: run test lint typecheck imports bench docs docs-serve clean setup
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -33,8 +33,12 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
+# The layering contracts of pyproject.toml ([tool.importlinter]).
+imports: $(STAMP)
+	$(BIN)/lint-imports
+
 # pytest exits 5 when it collects no test: that is not a failure of the suite.
-test: lint typecheck
+test: lint typecheck imports
 	$(BIN)/python -m pytest -q; rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected"; rc=0; fi; exit $$rc
 
 bench: $(STAMP)

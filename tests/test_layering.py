@@ -1,0 +1,27 @@
+"""The package face (``hwplug/__init__.py``) is imported only by the tools on top of it.
+
+import-linter (``make test``) checks the layers between packages; it cannot
+single out the root module itself, so this test does, with import-linter's
+own graph library.
+"""
+
+from __future__ import annotations
+
+import grimp
+
+# Modules that may use the face: the command line, the matrix and pytest plugin
+# (they serve users), and the face's own lazy wiring.
+ALLOWED = {"hwplug.cli", "hwplug.matrix", "hwplug.__main__", "hwplug.plugins.pytest_plugin"}
+
+
+def test_only_the_tools_import_the_package_face() -> None:
+    graph = grimp.build_graph("hwplug", include_external_packages=False)
+    importers = graph.find_modules_that_directly_import("hwplug")
+    assert importers <= ALLOWED, sorted(importers - ALLOWED)
+
+
+def test_core_imports_nothing_above_it() -> None:
+    graph = grimp.build_graph("hwplug", include_external_packages=False)
+    for upper in ("hwplug.platforms", "hwplug.plugins", "hwplug.compilation", "hwplug.attention"):
+        chains = graph.find_shortest_chains(importer="hwplug.core", imported=upper)
+        assert not chains, (upper, sorted(chains))
