@@ -23,6 +23,9 @@ from hwplug.core.platform import DeviceInfo
 from hwplug.platforms.cpu import KVCACHE_SPACE_ENV, CpuPlatform
 from hwplug.platforms.cpu import probe as cpu_probe
 from tests.platforms.fakes import XEON_FLAGS, FakeRoot, empty_box
+from tests.platforms.helpers import change, resolver
+
+resolve = resolver("cpu-generic")
 
 GiB = 1 << 30
 
@@ -30,15 +33,6 @@ GiB = 1 << 30
 @pytest.fixture(autouse=True)
 def _no_kvcache_env(monkeypatch) -> None:
     monkeypatch.delenv(KVCACHE_SPACE_ENV, raising=False)
-
-
-def resolve(profile: str = "cpu-generic", **sections: object) -> hwplug.Resolution:
-    return hwplug.resolve(EngineConfig(**sections), platform=CpuPlatform.simulate(profile))  # type: ignore[arg-type]
-
-
-def change(res: hwplug.Resolution, path: str) -> hwplug.Change:
-    (found,) = res.changes_to(path)
-    return found
 
 
 @pytest.mark.parametrize(

@@ -8,7 +8,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import hwplug
 from hwplug import ConfigError
 from hwplug.core.config import (
     CacheConfig,
@@ -20,17 +19,11 @@ from hwplug.core.config import (
 from hwplug.core.platform import DeviceCapability, DeviceInfo
 from hwplug.platforms.cuda import CudaPlatform
 from tests.platforms.fakes import empty_box, jetson_box, nvidia_box
+from tests.platforms.helpers import change, resolver
+
+resolve = resolver()
 
 CUDA_PROFILES = ("b200", "h100", "h200", "a100", "l4", "rtx3090", "t4")
-
-
-def resolve(profile: str, **sections: object) -> hwplug.Resolution:
-    return hwplug.resolve(EngineConfig(**sections), platform=CudaPlatform.simulate(profile))  # type: ignore[arg-type]
-
-
-def change(res: hwplug.Resolution, path: str) -> hwplug.Change:
-    (found,) = res.changes_to(path)
-    return found
 
 
 @pytest.mark.parametrize(

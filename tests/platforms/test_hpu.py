@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 
-import hwplug
 from hwplug import ConfigError
 from hwplug.core.config import (
     CacheConfig,
@@ -15,15 +14,9 @@ from hwplug.core.config import (
 )
 from hwplug.platforms.hpu import HpuPlatform
 from tests.platforms.fakes import empty_box, habana_box
+from tests.platforms.helpers import change, resolver
 
-
-def resolve(profile: str = "gaudi2", **sections: object) -> hwplug.Resolution:
-    return hwplug.resolve(EngineConfig(**sections), platform=HpuPlatform.simulate(profile))  # type: ignore[arg-type]
-
-
-def change(res: hwplug.Resolution, path: str) -> hwplug.Change:
-    (found,) = res.changes_to(path)
-    return found
+resolve = resolver("gaudi2")
 
 
 @pytest.mark.parametrize(

@@ -6,20 +6,17 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import hwplug
 from hwplug import ConfigError
 from hwplug.core.config import CacheConfig, CUDAGraphMode, EngineConfig, ModelConfig
 from hwplug.core.platform import DeviceCapability, DeviceInfo
 from hwplug.platforms.rocm import RocmPlatform
 from hwplug.platforms.rocm.gfx import gfx_capability, gfx_version
 from tests.platforms.fakes import amd_box, empty_box
+from tests.platforms.helpers import resolver
+
+resolve = resolver()
 
 ROCM_PROFILES = ("mi300x", "mi325x", "mi355x", "mi250x", "rx7900xtx")
-
-
-def resolve(profile: str | RocmPlatform, **sections: object) -> hwplug.Resolution:
-    plat = RocmPlatform.simulate(profile) if isinstance(profile, str) else profile
-    return hwplug.resolve(EngineConfig(**sections), platform=plat)  # type: ignore[arg-type]
 
 
 def device(arch: str, name: str = "AMD GPU") -> RocmPlatform:

@@ -6,7 +6,6 @@ from importlib import metadata
 
 import pytest
 
-import hwplug
 from hwplug import ConfigError
 from hwplug.core.config import (
     CacheConfig,
@@ -19,17 +18,11 @@ from hwplug.core.config import (
 from hwplug.core.platform import DeviceInfo
 from hwplug.platforms.xpu import XpuPlatform, xpu_dist_backend
 from tests.platforms.fakes import empty_box, intel_discrete_box, intel_integrated_box
+from tests.platforms.helpers import change, resolver
+
+resolve = resolver("max-1550")
 
 XPU_PROFILES = ("max-1550", "arc-a770", "arc-b580")
-
-
-def resolve(profile: str = "max-1550", **sections: object) -> hwplug.Resolution:
-    return hwplug.resolve(EngineConfig(**sections), platform=XpuPlatform.simulate(profile))  # type: ignore[arg-type]
-
-
-def change(res: hwplug.Resolution, path: str) -> hwplug.Change:
-    (found,) = res.changes_to(path)
-    return found
 
 
 @pytest.mark.parametrize(

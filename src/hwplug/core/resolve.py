@@ -136,7 +136,8 @@ def _field_paths(config: EngineConfig) -> Iterator[tuple[str, Any, str]]:
 
 
 def _same(old: Any, new: Any) -> bool:
-    return type(old) is type(new) and bool(old == new)
+    # repr() too: a NaN inside a value is the same value, though NaN != NaN.
+    return type(old) is type(new) and (bool(old == new) or repr(old) == repr(new))
 
 
 def _only_adds_keys(old: Any, new: Any) -> bool:
