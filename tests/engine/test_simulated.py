@@ -77,7 +77,7 @@ def _run(small: Path, compilation: dict[str, Any]) -> dict[str, Any]:
     stats = run["stats"]
     assert (stats["platform"], stats["profile"], stats["device"]) == ("cuda", "h100", "cpu")
     assert stats["compilation_level"] == 3 and stats["attention_backend"] == "triton"
-    assert stats["graphs_captured"] == run["captures"] > 0
+    assert run["captures"] >= stats["graphs_captured"] > 0  # a key: one graph per piece
     assert run["replays"] > 0, "no step replayed a captured graph"
     ref = Reference(small)
     for prompt, ours in zip(prompts, run["outputs"]):
