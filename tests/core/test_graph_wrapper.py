@@ -218,7 +218,7 @@ def test_copy_inputs_copies_new_values_into_the_static_buffer(
     first = torch.zeros(4)
     with capture_phase(), graph_context(FULL, K4):
         w(first)
-    static = w._entries[K4].static_args[0]
+    static = w.static_inputs(K4)[0][0]
     assert static.data_ptr() != first.data_ptr()
     other = torch.arange(4.0)
     with graph_context(FULL, K4):

@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from hwplug.core.graphs import GraphBackend
     from hwplug.core.platform import Platform
 
-__all__ = ["PiecewiseBackend", "op_names", "split_graph"]
+__all__ = ["CompiledPiece", "PiecewiseBackend", "op_names", "split_graph"]
 
 logger = logging.getLogger(__name__)
 
@@ -101,7 +101,7 @@ class _PieceInterpreter(torch.fx.Interpreter):
         return super().call_module(target, args, kwargs)
 
 
-class _CompiledPiece:
+class CompiledPiece:
     """A compiled piece: the general-shape compile plus per-size specialisations.
 
     A size in ``compile_sizes`` is compiled on first use, from the piece's
@@ -345,7 +345,7 @@ class PiecewiseBackend:
             args = interpreter.inputs[name]
             size_index = next((i for i, a in enumerate(args) if isinstance(a, torch.SymInt)), None)
             general = self._inductor_compile(copy.deepcopy(graph), args)
-            pieces[name] = _CompiledPiece(
+            pieces[name] = CompiledPiece(
                 name, graph, general, self._inductor_compile, compile_sizes, size_index
             )
         return pieces

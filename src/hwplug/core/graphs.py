@@ -326,6 +326,17 @@ class GraphWrapper:
         """Keys with a captured graph, in capture order."""
         return tuple(k for k, e in self._entries.items() if e.graph is not None)
 
+    def static_inputs(self, key: BatchDescriptor) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        """The ``(args, kwargs)`` the graph for ``key`` was captured with: with
+        ``cudagraph_copy_inputs`` the static buffers new inputs are copied into.
+
+        :raises KeyError: no graph is captured for ``key``.
+        """
+        entry = self._entries.get(key)
+        if entry is None or entry.graph is None:
+            raise KeyError(f"{type(self).__name__} has no graph captured for {key}")
+        return entry.static_args, entry.static_kwargs
+
     def is_captured(self, key: BatchDescriptor) -> bool:
         entry = self._entries.get(key)
         return entry is not None and entry.graph is not None
