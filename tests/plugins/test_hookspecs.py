@@ -29,12 +29,9 @@ def test_markers_and_project_name() -> None:
         ("hwplug_verify_config", ["config", "platform"]),
     ],
 )
-def test_hook_signatures_and_docstrings(hook: str, params: list[str]) -> None:
+def test_hook_signatures(hook: str, params: list[str]) -> None:
     func = getattr(hookspecs, hook)
     assert list(inspect.signature(func).parameters) == params
-    doc = inspect.getdoc(func) or ""
-    assert "Honoured" in doc  # where the hook is honoured
-    assert "called" in doc  # first-result semantics stated
 
 
 def test_bad_hook_signature_is_rejected_by_pluggy() -> None:
