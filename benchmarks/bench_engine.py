@@ -57,10 +57,10 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
     import transformers
-
-    from hwplug.cli import parse_set_option
     from tiny_engine import LLM
     from tiny_engine.make_checkpoint import make_checkpoint
+
+    from hwplug.cli import parse_set_option
 
     batch, plen, new = args.batch, args.prompt_len, args.max_tokens
     gen = torch.Generator().manual_seed(0)
@@ -108,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
         hf_run(4)(0)  # warm-up
         hf_e2e = _best(hf_run(new), args.repeats)
         hf_prefill = _best(hf_run(1), args.repeats)
-        del hf
+        hf = None  # free the reference model before the engine loads
 
         # -- tiny_engine ----------------------------------------------------------------
         config: dict[str, Any] = {

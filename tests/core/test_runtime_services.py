@@ -87,7 +87,7 @@ def test_device_index_out_of_range(host_cpu: CpuPlatform) -> None:
     with pytest.raises(IndexError, match="out of range"):
         host_cpu.torch_device(5)
     with pytest.raises(ValueError, match="integer"):
-        host_cpu.torch_device(True)  # type: ignore[arg-type]
+        host_cpu.torch_device(True)
 
 
 # -- simulated platforms ------------------------------------------------------------

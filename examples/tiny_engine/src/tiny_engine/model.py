@@ -14,6 +14,7 @@ engines do; :func:`load_weights` fuses the checkpoint's separate matrices.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import cast
 
 import torch
 from torch import nn
@@ -41,6 +42,9 @@ class RMSNorm(nn.Module):
 
 class Rotary(nn.Module):
     """Rotary position embedding from a precomputed float32 cos/sin table."""
+
+    cos: torch.Tensor
+    sin: torch.Tensor
 
     def __init__(self, spec: ModelSpec, max_positions: int) -> None:
         super().__init__()
@@ -71,6 +75,11 @@ class SelfAttention(nn.Module):
     backend; the layer's KV cache and fp8 scales are buffers the engine fills
     in once it has sized the cache.
     """
+
+    key_cache: torch.Tensor
+    value_cache: torch.Tensor
+    k_scale: torch.Tensor
+    v_scale: torch.Tensor
 
     def __init__(self, spec: ModelSpec, layer_index: int, rotary: Rotary, backend: str) -> None:
         super().__init__()
@@ -177,9 +186,9 @@ class CausalLM(nn.Module):
         self.embed_tokens = nn.Embedding(spec.vocab_size, spec.hidden_size)
         # One rotary table shared by every layer (not a parameter: no weight in checkpoints).
         rotary = Rotary(spec, max_positions)
-        self.layers = nn.ModuleList(
-            DecoderLayer(spec, i, rotary, backend) for i in range(spec.num_layers)
-        )
+        layers = [DecoderLayer(spec, i, rotary, backend) for i in range(spec.num_layers)]
+        self.layers = nn.ModuleList(layers)
+        self._attention = [layer.self_attn for layer in layers]
         self.norm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
         self.lm_head = nn.Linear(spec.hidden_size, spec.vocab_size, bias=False)
 
@@ -204,7 +213,7 @@ class CausalLM(nn.Module):
 
     def attention_layers(self) -> list[SelfAttention]:
         """Every layer's attention, in order."""
-        return [layer.self_attn for layer in self.layers]  # type: ignore[union-attr]
+        return list(self._attention)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """float32 logits ``[rows, vocab_size]`` of the given hidden states."""
@@ -257,7 +266,7 @@ def load_weights(model: CausalLM, weights: Iterable[tuple[str, torch.Tensor]]) -
                     f"{spec.path}: checkpoint tensor {name!r} has no place in a "
                     f"{spec.architecture} with this config.json"
                 )
-            dest = param
+            dest: torch.Tensor = param
             if slot is not None:
                 rows = (qkv_rows if "qkv_proj" in pname else gate_up_rows)[slot]
                 dest = param[rows[0] : rows[1]]
@@ -269,7 +278,7 @@ def load_weights(model: CausalLM, weights: Iterable[tuple[str, torch.Tensor]]) -
             dest.copy_(tensor.to(dest.dtype))
             loaded.setdefault(pname, set()).add(slot)
         if "lm_head.weight" not in loaded and spec.tie_word_embeddings:
-            model.lm_head.weight = model.embed_tokens.weight
+            model.lm_head.weight = cast(nn.Parameter, model.embed_tokens.weight)
             loaded["lm_head.weight"] = {None}
     slots_needed = {"qkv_proj": {0, 1, 2}, "gate_up_proj": {0, 1}}
     missing = []

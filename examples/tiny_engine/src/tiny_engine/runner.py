@@ -118,7 +118,7 @@ class ModelRunner:
         if level == 3 and self.graph_backend is not None:
             backend = _bind_graph_backend(backend, self.graph_backend)
         compiled = torch.compile(self.model, backend=backend, fullgraph=True, dynamic=True)
-        return compiled  # type: ignore[return-value]
+        return compiled
 
     # -- inputs -------------------------------------------------------------------------
     def _host(self, values: Sequence[int], dtype: torch.dtype) -> torch.Tensor:
