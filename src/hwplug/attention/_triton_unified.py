@@ -26,7 +26,7 @@ truncates).
 from __future__ import annotations
 
 import warnings
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 import triton
@@ -39,7 +39,7 @@ from hwplug.kernels.formats import FP8_FORMATS
 if TYPE_CHECKING:
     from hwplug.attention.metadata import AttentionMetadata
 
-__all__ = ["kernel_for", "unified_attention"]
+__all__ = ["Launch", "kernel_for", "plan_launch", "unified_attention", "write_new_tokens"]
 
 # Storage kinds (kernel constexprs), as in hwplug.kernels._triton_kv.
 _FP32, _FP16, _BF16, _FP8 = 0, 1, 2, 3
@@ -100,8 +100,8 @@ def _unified_attention_kernel(
     # ---- which sequence: the last b with query_start_loc[b] // BLOCK_Q + b <= q_tile.
     # Sequence b owns tiles [qsl[b] // BLOCK_Q + b, ... + cdiv(q_len_b, BLOCK_Q)), and
     # these ranges never overlap, so a tile belongs to at most one sequence.
-    # annotated: an int argument equal to 1 arrives as a constexpr, and loop-carried
-    # variables must keep one type
+    # typed: an int argument equal to 1 arrives as a constexpr, and the loop
+    # should carry int32 tensors whatever the launch specialised
     lo: tl.int32 = 0
     hi: tl.int32 = num_seqs
     while lo < hi:
@@ -364,6 +364,95 @@ def write_new_tokens(
             _triton_kv.write_rows(src, cache, slots, float(arg), interpret=interpret)
 
 
+class Launch(NamedTuple):
+    """One launch of the attention kernel: grid, positional arguments, constexprs."""
+
+    grid: tuple[int, int]
+    args: tuple[Any, ...]
+    constexprs: dict[str, Any]
+
+
+def plan_launch(
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    out: torch.Tensor,
+    metadata: AttentionMetadata,
+    k_scale: float | torch.Tensor,
+    v_scale: float | torch.Tensor,
+    *,
+    scale: float,
+    sliding_window: int | None,
+    interpret: bool,
+) -> Launch:
+    """How the kernel is launched for these tensors; everything from shapes and dtypes."""
+    num_tokens, num_heads, head_size = query.shape
+    num_kv_heads = key_cache.shape[2]
+    num_seqs = metadata.seq_lens.shape[0]
+    group = num_heads // num_kv_heads
+    group_pad = triton.next_power_of_2(group)
+    head_pad = max(triton.next_power_of_2(head_size), 16)
+    dot_kind = _dot_kind(query.dtype, key_cache.dtype, interpret)
+    # at least 16 rows for tl.dot; prefill-heavy batches get taller tiles where
+    # registers allow (16-bit dots, heads up to 128)
+    tall = num_tokens >= 4 * num_seqs and dot_kind != _FP32 and head_pad <= 128
+    block_m = max(64 if tall else 16, group_pad)
+    block_q = block_m // group_pad
+    tile_n = 32 if head_pad <= 128 else 16
+
+    fmt = FP8_FORMATS.get(key_cache.dtype)
+    if fmt is None:
+        mant, bias, flavor, sub_step = 3, 7, 0, 2.0**-9
+    else:
+        mant, bias = fmt.mantissa_bits, fmt.exponent_bias
+        flavor, sub_step = _FLAVORS[fmt.flavor], fmt.subnormal_step
+    ks, ks_in_memory = _scale_arg(k_scale, query.device)
+    vs, vs_in_memory = _scale_arg(v_scale, query.device)
+    if ks_in_memory != vs_in_memory:  # one constexpr covers both: move both to memory
+        ks, vs = (_in_memory(s, query.device) for s in (ks, vs))
+        ks_in_memory = True
+
+    args = (
+        _bits(query),
+        _bits(key_cache),
+        _bits(value_cache),
+        _bits(out),
+        metadata.block_table,
+        metadata.seq_lens,
+        metadata.query_start_loc,
+        ks,
+        vs,
+        scale * _LOG2E,
+        num_seqs,
+        key_cache.shape[1],
+        sliding_window or 0,
+        *query.stride(),
+        *key_cache.stride(),
+        *value_cache.stride(),
+        *out.stride(),
+        *metadata.block_table.stride(),
+    )
+    constexprs: dict[str, Any] = {
+        "GROUP": group,
+        "GROUP_PAD": group_pad,
+        "BLOCK_Q": block_q,
+        "BLOCK_M": block_m,
+        "HEAD_SIZE": head_size,
+        "HEAD_PAD": head_pad,
+        "TILE_N": tile_n,
+        "Q_KIND": _kind(query.dtype),
+        "CACHE_KIND": _kind(key_cache.dtype),
+        "DOT_KIND": dot_kind,
+        "MANT": mant,
+        "BIAS": bias,
+        "FLAVOR": flavor,
+        "SUB_STEP": sub_step,
+        "SCALES_IN_MEMORY": ks_in_memory,
+        "USE_WINDOW": sliding_window is not None,
+    }
+    return Launch((num_tokens // block_q + num_seqs, num_kv_heads), args, constexprs)
+
+
 def unified_attention(
     query: torch.Tensor,
     key: torch.Tensor,
@@ -392,81 +481,28 @@ def unified_attention(
         v_scale,
         interpret=interpret,
     )
-    num_tokens, num_heads, head_size = query.shape
-    num_kv_heads = key_cache.shape[2]
-    num_seqs = metadata.seq_lens.shape[0]
     out = torch.empty_like(query)
-    if num_tokens == 0 or num_seqs == 0:
+    if query.shape[0] == 0 or metadata.seq_lens.shape[0] == 0:
         return out
-
-    group = num_heads // num_kv_heads
-    group_pad = triton.next_power_of_2(group)
-    head_pad = max(triton.next_power_of_2(head_size), 16)
-    dot_kind = _dot_kind(query.dtype, key_cache.dtype, interpret)
-    # at least 16 rows for tl.dot; prefill-heavy batches get taller tiles where
-    # registers allow (16-bit dots, heads up to 128)
-    tall = num_tokens >= 4 * num_seqs and dot_kind != _FP32 and head_pad <= 128
-    block_m = max(64 if tall else 16, group_pad)
-    block_q = block_m // group_pad
-    tile_n = 32 if head_pad <= 128 else 16
-
-    fmt = FP8_FORMATS.get(key_cache.dtype)
-    if fmt is None:
-        mant, bias, flavor, sub_step = 3, 7, 0, 2.0**-9
-    else:
-        mant, bias = fmt.mantissa_bits, fmt.exponent_bias
-        flavor, sub_step = _FLAVORS[fmt.flavor], fmt.subnormal_step
-    ks, ks_in_memory = _scale_arg(k_scale, query.device)
-    vs, vs_in_memory = _scale_arg(v_scale, query.device)
-    if ks_in_memory != vs_in_memory:  # one constexpr covers both: move both to memory
-        ks, vs = (_in_memory(s, query.device) for s in (ks, vs))
-        ks_in_memory = True
-
-    grid = (num_tokens // block_q + num_seqs, num_kv_heads)
-    args = (
-        _bits(query),
-        _bits(key_cache),
-        _bits(value_cache),
-        _bits(out),
-        metadata.block_table,
-        metadata.seq_lens,
-        metadata.query_start_loc,
-        ks,
-        vs,
-        scale * _LOG2E,
-        num_seqs,
-        key_cache.shape[1],
-        sliding_window or 0,
-        *query.stride(),
-        *key_cache.stride(),
-        *value_cache.stride(),
-        *out.stride(),
-        *metadata.block_table.stride(),
+    launch = plan_launch(
+        query,
+        key_cache,
+        value_cache,
+        out,
+        metadata,
+        k_scale,
+        v_scale,
+        scale=scale,
+        sliding_window=sliding_window,
+        interpret=interpret,
     )
-    consts: dict[str, Any] = {
-        "GROUP": group,
-        "GROUP_PAD": group_pad,
-        "BLOCK_Q": block_q,
-        "BLOCK_M": block_m,
-        "HEAD_SIZE": head_size,
-        "HEAD_PAD": head_pad,
-        "TILE_N": tile_n,
-        "Q_KIND": _kind(query.dtype),
-        "CACHE_KIND": _kind(key_cache.dtype),
-        "DOT_KIND": dot_kind,
-        "MANT": mant,
-        "BIAS": bias,
-        "FLAVOR": flavor,
-        "SUB_STEP": sub_step,
-        "SCALES_IN_MEMORY": ks_in_memory,
-        "USE_WINDOW": sliding_window is not None,
-    }
     kernel = kernel_for(interpret)
     if interpret:
         # numpy warns about masked lanes it computes on (exp2(-inf), 0 * inf)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)
-            kernel[grid](*args, **consts)
+            kernel[launch.grid](*launch.args, **launch.constexprs)
     else:
-        kernel[grid](*args, **consts)
+        # fusing multiply-adds only helps here (nothing relies on separate roundings)
+        kernel[launch.grid](*launch.args, **launch.constexprs, enable_fp_fusion=True)
     return out
