@@ -21,6 +21,7 @@ from hwplug.attention.ops import register_unified_attention, unified_attention
 from hwplug.attention.registry import BUILTIN_BACKENDS, collect_backends, lookup_backend
 from hwplug.attention.torch_backend import TorchAttentionBackend
 from hwplug.attention.triton_backend import TritonAttentionBackend
+from hwplug.core import collaborators
 
 __all__ = [
     "BUILTIN_BACKENDS",
@@ -38,8 +39,13 @@ __all__ = [
 
 
 def available_backends() -> dict[str, type[AttentionBackend]]:
-    """Every attention backend by name (for now: the built-ins)."""
-    return dict(BUILTIN_BACKENDS)
+    """Every attention backend by name: the built-ins plus every class the plugins'
+    ``hwplug_attention_backends()`` hooks return.
+
+    :raises PluginError: a plugin returned something else than backend classes,
+        or two backends claim one name (both are named).
+    """
+    return collect_backends(BUILTIN_BACKENDS, collaborators.attention_plugin_results())
 
 
 def get_backend(name: str) -> type[AttentionBackend]:

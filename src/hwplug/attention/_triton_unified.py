@@ -46,6 +46,14 @@ _FP32, _FP16, _BF16, _FP8 = 0, 1, 2, 3
 _FLAVORS = {"fn": 0, "ieee": 1, "fnuz": 2}
 _LOG2E = 1.4426950408889634
 
+# tl.max, tl.sum and tl.zeros are themselves @triton.jit functions, frozen in the form
+# TRITON_INTERPRET chose when triton was first imported: imported without it, the
+# interpreter cannot call them. The kernel therefore reduces with the builtin tl.reduce
+# and triton's own combine functions, which the compiler compiles and the interpreter
+# recognises (and runs as one numpy call) whatever the import order.
+_MAX = tl.standard._elementwise_max
+_SUM = tl.standard._sum_combine
+
 
 def _unified_attention_kernel(
     q_ptr,
@@ -156,8 +164,8 @@ def _unified_attention_kernel(
             sm_scale = qk_scale * k_scale
 
     m_i = tl.full([BLOCK_M], -1.0e30, tl.float32)
-    l_i = tl.zeros([BLOCK_M], tl.float32)
-    acc = tl.zeros([BLOCK_M, HEAD_PAD], tl.float32)
+    l_i = tl.full([BLOCK_M], 0.0, tl.float32)
+    acc = tl.full([BLOCK_M, HEAD_PAD], 0.0, tl.float32)
     table_row = block_table_ptr + seq.to(tl.int64) * bt_s0
 
     for start in range(kv_begin, kv_end, TILE_N):
@@ -235,10 +243,10 @@ def _unified_attention_kernel(
         if USE_WINDOW:
             visible = visible & (pos[None, :] > q_pos[:, None] - window)
         s = tl.where(visible, s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
+        m_new = tl.maximum(m_i, tl.reduce(s, 1, _MAX))
         p = tl.exp2(s - m_new[:, None])
         alpha = tl.exp2(m_i - m_new)
-        l_i = l_i * alpha + tl.sum(p, 1)
+        l_i = l_i * alpha + tl.reduce(p, 1, _SUM)
         if DOT_KIND == 0:
             pv = tl.dot(p, v, input_precision="ieee")
         elif DOT_KIND == 1:
