@@ -2,9 +2,9 @@
 
 Writes a small random Llama checkpoint (4 layers, hidden 512, vocabulary
 8192), then generates greedily for 16 prompts of 128 tokens, 128 new tokens
-each, first with transformers' ``generate()`` (one padded batch, KV cache,
-SDPA) and then with tiny_engine (continuous batching, paged attention through
-hwplug, the CPU's resolved compilation). Both run fp32 in this process; each
+each, with transformers' ``generate()`` (one batch, KV cache, SDPA) and with
+tiny_engine (continuous batching, paged attention through hwplug, the CPU's
+resolved compilation). Both run fp32 in this process, taking turns; each
 timing is the best of ``--repeats`` runs on fresh prompts (no prefix-cache
 hits). Prints JSON: end-to-end and decode throughput of each, and the ratios.
 
@@ -12,7 +12,7 @@ Decode throughput is the tokens after the first divided by the time after the
 prefill (the end-to-end time minus the time of a one-token generation).
 
 ``python benchmarks/bench_engine.py [--layers 4 --hidden 512 --batch 16
---prompt-len 128 --max-tokens 128 --repeats 2 --set section.field=value]``
+--prompt-len 128 --max-tokens 128 --repeats 3 --threads N --set section.field=value]``
 """
 
 from __future__ import annotations
@@ -36,10 +36,6 @@ def _import_engine() -> None:
         sys.path.insert(0, str(REPO / "examples" / "tiny_engine" / "src"))
 
 
-def _best(run: Callable[[int], float], repeats: int) -> float:
-    return min(run(i) for i in range(repeats))
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--layers", type=int, default=4)
@@ -50,7 +46,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--prompt-len", type=int, default=128)
     parser.add_argument("--max-tokens", type=int, default=128)
-    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument(
+        "--threads", type=int, default=None, help="torch threads (default: torch's)"
+    )
     parser.add_argument("--set", dest="assignments", action="append", default=[])
     args = parser.parse_args(argv)
     _import_engine()
@@ -62,6 +61,8 @@ def main(argv: list[str] | None = None) -> int:
 
     from hwplug.cli import parse_set_option
 
+    if args.threads:
+        torch.set_num_threads(args.threads)
     batch, plen, new = args.batch, args.prompt_len, args.max_tokens
     gen = torch.Generator().manual_seed(0)
 
@@ -105,11 +106,6 @@ def main(argv: list[str] | None = None) -> int:
 
             return run
 
-        hf_run(4)(0)  # warm-up
-        hf_e2e = _best(hf_run(new), args.repeats)
-        hf_prefill = _best(hf_run(1), args.repeats)
-        hf = None  # free the reference model before the engine loads
-
         # -- tiny_engine ----------------------------------------------------------------
         config: dict[str, Any] = {
             "model": {"dtype": "float32", "max_model_len": plen + new},
@@ -132,9 +128,18 @@ def main(argv: list[str] | None = None) -> int:
 
             return run
 
-        te_run(4)(0)  # warm-up
-        te_e2e = _best(te_run(new), args.repeats)
-        te_prefill = _best(te_run(1), args.repeats)
+        # Alternate the two, round after round, and keep each one's best: on a shared
+        # machine the load changes from second to second, and both see the same spells.
+        hf_run(4)(0)  # warm-up
+        te_run(4)(0)
+        runs: dict[str, list[float]] = {"hf_e2e": [], "te_e2e": [], "hf_pre": [], "te_pre": []}
+        for i in range(args.repeats):
+            runs["hf_e2e"].append(hf_run(new)(i))
+            runs["te_e2e"].append(te_run(new)(i))
+            runs["hf_pre"].append(hf_run(1)(i))
+            runs["te_pre"].append(te_run(1)(i))
+        hf_e2e, te_e2e = min(runs["hf_e2e"]), min(runs["te_e2e"])
+        hf_prefill, te_prefill = min(runs["hf_pre"]), min(runs["te_pre"])
 
     generated = batch * new
     decoded = batch * (new - 1)
