@@ -10,6 +10,7 @@ backend runs on CPU through Triton's interpreter, on small shapes (about
 from __future__ import annotations
 
 import dataclasses
+import os
 
 import pytest
 import torch
@@ -286,3 +287,33 @@ def test_torch_backend_decodes_in_groups_of_bounded_size(monkeypatch: pytest.Mon
         seed=4,
     )
     run_case(TorchAttentionBackend, case)
+
+
+def test_the_interpreter_runs_the_kernel_after_triton_was_imported_without_it() -> None:
+    """triton.language's own jit helpers are frozen at import: the kernel must not need them."""
+    import subprocess
+    import sys
+    import textwrap
+
+    pytest.importorskip("triton")
+    script = textwrap.dedent(
+        """
+        import os
+        import triton, triton.language  # imported while TRITON_INTERPRET is unset
+        os.environ["TRITON_INTERPRET"] = "1"
+        import torch
+        from hwplug.attention import TritonAttentionBackend
+        from tests.attention.helpers import make_batch
+        batch = make_batch([5, 9], [5, 1], num_heads=2, num_kv_heads=1, head_size=32,
+                           block_size=4)
+        out = TritonAttentionBackend(2, 32, 1, 0.2).forward(
+            batch.query, batch.key, batch.value, batch.key_cache, batch.value_cache,
+            batch.metadata)
+        assert torch.isfinite(out).all()
+        """
+    )
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, env=env
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
