@@ -75,7 +75,11 @@ def resolve(
             )
         plat = platform
     pm = manager.get_plugin_manager()
-    return pipeline.resolve(config, plat, pm.hook, describe=pm.describe)
+    from hwplug.attention import available_backends
+
+    return pipeline.resolve(
+        config, plat, pm.hook, describe=pm.describe, attention_backends=available_backends()
+    )
 
 
 def _piecewise_backend(compilation: Any, engine_config: Any) -> Any:
@@ -88,7 +92,17 @@ def _wire() -> None:
     """Hand core the collaborators it takes: the current platform and the compile backend."""
     from hwplug.core import collaborators
 
-    collaborators.provide(platform=get_platform, piecewise_backend=_piecewise_backend)
+    collaborators.provide(
+        platform=get_platform,
+        piecewise_backend=_piecewise_backend,
+        attention_backends=_attention_plugin_results,
+    )
+
+
+def _attention_plugin_results() -> list[tuple[str, str, object]]:
+    from hwplug.plugins.manager import get_plugin_manager
+
+    return get_plugin_manager().attention_backend_results()
 
 
 def __getattr__(name: str) -> Any:

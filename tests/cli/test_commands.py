@@ -167,7 +167,14 @@ def test_resolve_json_has_config_sections_and_attributed_changes() -> None:
     data = result.json()
     assert {"platform", "config", "changes"} <= set(data)
     assert data["platform"] == "cuda"
-    assert set(data["config"]) == {"model", "cache", "compilation", "parallel", "scheduler"}
+    assert set(data["config"]) == {
+        "model",
+        "cache",
+        "compilation",
+        "parallel",
+        "scheduler",
+        "attention",
+    }
     assert data["config"]["cache"]["block_size"] == 16
     assert data["config"]["compilation"]["cudagraph_mode"] == "FULL_AND_PIECEWISE"
     for change in data["changes"]:

@@ -66,7 +66,11 @@ def test_default_config_on_h100_changes_and_sources() -> None:
     assert len(sizes) == 67 and sizes[0] == 512 and sizes[-1] == 1
     assert resolution.config.compilation.max_capture_size == 512
     assert resolution.config.compilation.bs_to_padded_graph_size[3] == 4
-    assert resolution.config.compilation.splitting_ops == list(CompilationConfig._attention_ops)
+    assert resolution.config.compilation.splitting_ops == [
+        *CompilationConfig._attention_ops,
+        "hwplug.unified_attention",
+    ]
+    assert resolution.config.attention.backend == "triton"
     assert all(c.reason for c in resolution.changes)
 
 

@@ -15,22 +15,33 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from hwplug.core.platform import Platform
 
-__all__ = ["current_platform", "piecewise_backend", "provide"]
+__all__ = ["attention_plugin_results", "current_platform", "piecewise_backend", "provide"]
 
 _platform_source: list[Callable[[], Platform]] = []
 _piecewise_factory: list[Callable[[Any, Any], Any]] = []
+_attention_source: list[Callable[[], list[tuple[str, str, object]]]] = []
 
 
 def provide(
     *,
     platform: Callable[[], Platform] | None = None,
     piecewise_backend: Callable[[Any, Any], Any] | None = None,
+    attention_backends: Callable[[], list[tuple[str, str, object]]] | None = None,
 ) -> None:
-    """Install the current-platform source and the level-3 compile backend factory."""
+    """Install the current-platform source, the level-3 compile backend factory and
+    the source of the plugins' ``hwplug_attention_backends`` results."""
     if platform is not None:
         _platform_source[:] = [platform]
     if piecewise_backend is not None:
         _piecewise_factory[:] = [piecewise_backend]
+    if attention_backends is not None:
+        _attention_source[:] = [attention_backends]
+
+
+def attention_plugin_results() -> list[tuple[str, str, object]]:
+    """``(plugin, distribution, result)`` of every ``hwplug_attention_backends()``
+    implementation; empty when no plugin manager was installed."""
+    return _attention_source[0]() if _attention_source else []
 
 
 def current_platform(purpose: str) -> Platform:

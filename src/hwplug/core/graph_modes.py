@@ -117,7 +117,7 @@ def resolve_runtime_graph_mode(
             mode = CUDAGraphMode.FULL_AND_PIECEWISE
         else:
             mode = CUDAGraphMode.FULL_DECODE_ONLY
-        logger.warning(
+        logger.info(
             "attention graph support %s cannot capture mixed batches: "
             "compilation.cudagraph_mode %s -> %s",
             level.name,
@@ -134,7 +134,7 @@ def resolve_runtime_graph_mode(
             mode = CUDAGraphMode.PIECEWISE
         else:
             mode = CUDAGraphMode.NONE
-        logger.warning(
+        logger.info(
             "attention graph support %s cannot capture decode batches of query length %d: "
             "compilation.cudagraph_mode %s -> %s",
             level.name,

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import pluggy
 
 if TYPE_CHECKING:
+    from hwplug.attention import AttentionBackend
     from hwplug.core.config import EngineConfig
     from hwplug.core.platform import Platform
     from hwplug.core.resolve import ChangeLog
@@ -33,7 +34,7 @@ __all__ = [
 PROJECT_NAME = "hwplug"
 """The pluggy project name shared by the markers and the plugin manager."""
 
-HOOK_API_VERSION = (1, 0)
+HOOK_API_VERSION = (1, 1)
 """Version of the hook API as ``(major, minor)``.
 
 The major part changes when a hook is removed or its arguments change
@@ -82,6 +83,27 @@ def hwplug_platforms() -> list[type[Platform]]:  # type: ignore[empty-body]
 
     Honoured when the plugin manager first selects a platform
     (``hwplug.current_platform``, ``hwplug.get_platform()``, ``hwplug info``).
+    """
+
+
+@hookspec
+def hwplug_attention_backends() -> list[type[AttentionBackend]]:  # type: ignore[empty-body]
+    """Return the attention-backend classes this plugin provides.
+
+    Every implementation is called and the results are collected; there is no
+    first-result short cut. Each class must subclass
+    :class:`hwplug.attention.AttentionBackend` with a unique lower-case
+    ``name``; a name claimed twice is a :class:`hwplug.PluginError` naming
+    both. A platform names the backends it prefers in
+    ``Platform.attention_backends(config)``; users choose one with
+    ``attention.backend``. A package that only adds backends registers under
+    the ``hwplug.plugins`` entry-point group.
+
+    :returns: A list (possibly empty) of ``AttentionBackend`` subclasses.
+
+    Honoured by :func:`hwplug.attention.available_backends` and
+    :func:`hwplug.attention.get_backend`, and by :func:`hwplug.resolve`,
+    which chooses or checks ``attention.backend`` among them.
     """
 
 

@@ -269,6 +269,11 @@ class Platform:
     """The profile that stands for this platform in test matrices and ``use_platform(name)``."""
     custom_op_forward: ClassVar[str] = "forward_oot"
     """The method an enabled custom op runs here (``forward_cuda``, ``forward_cpu``...)."""
+    attention_order: ClassVar[tuple[str, ...]] = ("torch",)
+    """Attention backends in order of preference (see :meth:`attention_backends`)."""
+    fits_graph_mode_to_attention: ClassVar[bool] = True
+    """Whether resolution fits ``compilation.cudagraph_mode`` to the attention backend's
+    graph support (CUDA-style graphs; HPU graphs hold the attention and opt out)."""
 
     def __init__(
         self,
@@ -516,6 +521,17 @@ class Platform:
             f"compilation.level={level} is not supported on {self.describe_device()}; "
             f"use one of: {allowed}"
         )
+
+    # -- attention ------------------------------------------------------------------
+    def attention_backends(self, config: EngineConfig) -> tuple[str, ...]:
+        """Attention backends for ``config``, most preferred first.
+
+        Resolution takes the first whose ``problem()`` is None when
+        ``attention.backend`` is unset. The default is :attr:`attention_order`;
+        a vendor platform may name its own backend (from its
+        ``hwplug_attention_backends`` hook).
+        """
+        return self.attention_order
 
     # -- graphs and compilation -----------------------------------------------------
     def graph_wrapper_cls(self) -> type | None:

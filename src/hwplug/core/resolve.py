@@ -488,13 +488,16 @@ def resolve(
     hooks: Any = None,
     *,
     describe: Describe | None = None,
+    attention_backends: Mapping[str, Any] | None = None,
 ) -> Resolution:
     """Resolve ``config`` for ``platform``, with the extensions in ``hooks``.
 
     ``hooks`` is the hook relay of a plugin manager (``pm.hook``) or None (no
     extensions); ``describe`` names a plugin or ``platform:<name>`` in
-    messages (with its distribution, say). The caller's config is never
-    mutated. Deterministic: same input, same output.
+    messages (with its distribution, say); ``attention_backends`` maps
+    backend names to ``AttentionBackend`` classes (None: no attention step).
+    The caller's config is never mutated. Deterministic: same input, same
+    output.
 
     :raises ConfigError: the config cannot run on the platform.
     :raises PluginError: the platform or a plugin misbehaved (raised, or
@@ -519,7 +522,10 @@ def resolve(
         _call_hook(
             hooks, "hwplug_check_and_update_config", config=work, platform=platform, changes=changes
         )
-    _step_finalise(work, platform, changes)
+    backend = None
+    if attention_backends is not None:
+        backend = _step_attention(work, platform, changes, attention_backends)
+    _step_finalise(work, platform, changes, backend)
     _step_shared_checks(work)
     with _guarded(changes, "verify_config", name, may_change=False):
         with _acting_as(f"platform:{platform.name}"):
@@ -643,8 +649,149 @@ def _step_graph_defaults(config: EngineConfig, plat: Platform, changes: ChangeLo
 _PIECEWISE_SENSITIVE = ("compilation.cudagraph_mode", "compilation.splitting_ops")
 
 
-def _step_finalise(config: EngineConfig, plat: Platform, changes: ChangeLog) -> None:
-    """Step 5: splitting ops, capture sizes, warm-ups and the padding table."""
+def _who_set(changes: ChangeLog, path: str) -> str:
+    if changes.was_set(path):
+        return "the user"
+    sources = [c.source for c in changes.changes if c.path == path]
+    return sources[-1] if sources else "the user"
+
+
+def _step_attention(
+    config: EngineConfig, plat: Platform, changes: ChangeLog, backends: Mapping[str, Any]
+) -> Any:
+    """Step 4b: choose or check ``attention.backend`` (SPEC 12); the chosen class or None."""
+    import logging
+
+    path = "attention.backend"
+    name = config.attention.backend
+    model = config.model
+    if model.is_attention_free:
+        return None  # an explicit backend is kept as given, unchecked and unused
+    device = plat.describe_device()
+    order = tuple(plat.attention_backends(config))
+    if name is None:
+        skipped: list[str] = []
+        for candidate in order:
+            cls = backends.get(candidate)
+            problem = (
+                f"no attention backend {candidate!r} is installed"
+                if cls is None
+                else cls.problem(config, plat)
+            )
+            if problem is None:
+                why = f"first of {plat.name}'s attention order ({', '.join(order)}) that fits"
+                if skipped:
+                    why += "; skipped " + "; ".join(skipped)
+                changes.record(path, candidate, why, source=ENGINE)
+                return cls
+            skipped.append(f"{candidate}: {problem}")
+        if model.use_mla:
+            logging.getLogger("hwplug.resolve").warning(
+                "no built-in attention backend serves MLA models on %s; attention.backend stays "
+                "unset (the engine brings its own MLA attention, or a plugin's backend serves it)",
+                device,
+            )
+            return None
+        raise ConfigError(
+            f"no attention backend can serve this model on {device}: "
+            + "; ".join(skipped or [f"{plat.name} names no attention backend"])
+            + "; change the model, cache or block settings, or install a backend that fits"
+        )
+    who = _who_set(changes, path)
+    cls = backends.get(name)
+    problem = (
+        f"it is not installed (known backends: {', '.join(sorted(backends))})"
+        if cls is None
+        else cls.problem(config, plat)
+    )
+    if problem is None:
+        return cls
+    working = [
+        n
+        for n in (*order, *sorted(set(backends) - set(order)))
+        if n in backends and n != name and backends[n].problem(config, plat) is None
+    ]
+    raise ConfigError(
+        f"attention.backend={name!r} (set by {who}) cannot run on {device}: {problem}; "
+        + (
+            f"use attention.backend={working[0]!r}"
+            + (f" (or {', '.join(repr(w) for w in working[1:])})" if working[1:] else "")
+            if working
+            else "no installed backend fits"
+        )
+    )
+
+
+def _step_fit_graph_mode(
+    config: EngineConfig, plat: Platform, changes: ChangeLog, backend: Any
+) -> None:
+    """Step 4 of SPEC 12: fit the graph mode to the attention backend's graph support."""
+    from hwplug.core.config import CUDAGraphMode
+    from hwplug.core.graph_modes import resolve_runtime_graph_mode
+
+    comp = config.compilation
+    mode = comp.cudagraph_mode
+    if backend is None or mode is None or mode == CUDAGraphMode.NONE:
+        return
+    if not plat.fits_graph_mode_to_attention:
+        return
+    support = backend.graph_support
+    path = "compilation.cudagraph_mode"
+    explicit = changes.was_set(path)
+    try:
+        fitted = resolve_runtime_graph_mode(comp, support)
+    except ConfigError as exc:
+        if explicit:
+            raise ConfigError(
+                f"compilation.cudagraph_mode={mode} cannot run with the {backend.name} attention "
+                f"backend (graph support {support.name}): {exc}"
+            ) from exc
+        fitted = CUDAGraphMode.NONE
+    if fitted == mode:
+        return
+    if explicit:
+        working = _modes_that_fit(comp, support)
+        raise ConfigError(
+            f"compilation.cudagraph_mode={mode} cannot run with the {backend.name} attention "
+            f"backend on {plat.describe_device()}: its graph support is {support.name}, so "
+            f"the mode would become {fitted}; use compilation.cudagraph_mode="
+            + " or ".join(m.name for m in working)
+            + ", or another attention.backend"
+        )
+    changes.record(
+        path,
+        fitted,
+        f"the {backend.name} attention backend's graph support is {support.name}",
+        source=ENGINE,
+    )
+
+
+def _modes_that_fit(comp: Any, support: Any) -> list[Any]:
+    """The graph modes that resolution would keep unchanged with ``support``."""
+    import copy as _copy
+
+    from hwplug.core.config import CUDAGraphMode
+    from hwplug.core.graph_modes import resolve_runtime_graph_mode
+
+    kept = []
+    for candidate in CUDAGraphMode:
+        trial = _copy.deepcopy(comp)
+        trial.cudagraph_mode = candidate
+        try:
+            if resolve_runtime_graph_mode(trial, support) == candidate:
+                kept.append(candidate)
+        except ConfigError:
+            continue
+    return kept
+
+
+_HWPLUG_ATTENTION_OP = "hwplug.unified_attention"
+
+
+def _step_finalise(
+    config: EngineConfig, plat: Platform, changes: ChangeLog, backend: Any = None
+) -> None:
+    """Step 5: splitting ops, graph-mode fitting, capture sizes, warm-ups, padding table."""
     from hwplug.core.config import CompilationLevel, CUDAGraphMode
 
     comp = config.compilation
@@ -666,6 +813,20 @@ def _step_finalise(config: EngineConfig, plat: Platform, changes: ChangeLog) -> 
             if changes.was_set(path):
                 raise ConfigError(_splitting_conflict(path, before[path], after, comp))
             changes.note(path, before[path], copy.deepcopy(after), _splitting_reason(path, comp))
+        if (
+            backend is not None
+            and comp.splitting_ops
+            and not changes.was_set("compilation.splitting_ops")
+            and _HWPLUG_ATTENTION_OP not in comp.splitting_ops
+        ):
+            changes.record(
+                "compilation.splitting_ops",
+                [*comp.splitting_ops, _HWPLUG_ATTENTION_OP],
+                f"split at hwplug's attention op too (the {backend.name} backend runs in it)",
+                source=ENGINE,
+            )
+
+    _step_fit_graph_mode(config, plat, changes, backend)
 
     scheduler = config.scheduler
     if not changes.was_set("scheduler.cuda_graph_sizes"):

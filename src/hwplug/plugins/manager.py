@@ -221,3 +221,25 @@ class HwplugPluginManager(pluggy.PluginManager):
     def platform_from_spec(self, spec: str) -> Platform:
         """A platform by name (detected, else its representative profile) or by profile."""
         return selection.platform_from_spec(self, spec)
+
+    # -- attention backends ----------------------------------------------------------
+    def attention_backend_results(self) -> list[tuple[str, str, object]]:
+        """``(plugin, distribution, result)`` of every ``hwplug_attention_backends`` hook.
+
+        An implementation that raises is reported as a failing plugin (a
+        warning, or a :class:`~hwplug.PluginError` with ``HWPLUG_STRICT=1``)
+        and contributes nothing.
+        """
+        results = []
+        for outcome in selection.call_each(self, "hwplug_attention_backends"):
+            dist = self.distribution_of(outcome.plugin) or ""
+            if outcome.error is not None:
+                self.fail(
+                    outcome.plugin,
+                    dist or "(unregistered)",
+                    "hwplug_attention_backends",
+                    outcome.error,
+                )
+                continue
+            results.append((outcome.plugin, dist, outcome.result))
+        return results

@@ -131,14 +131,16 @@ def _tag(function: Callable[..., Any], plugin: str) -> Callable[..., Any]:
     return run
 
 
-def _call_platforms_hook(pm: HwplugPluginManager) -> list[_Tagged]:
-    hook = pm.hook.hwplug_platforms
+def call_each(pm: HwplugPluginManager, hook_name: str) -> list[_Tagged]:
+    """Call a collecting hook through pluggy, each implementation's outcome labelled
+    with its plugin (an implementation that raises yields its error, not the call's)."""
+    hook = getattr(pm.hook, hook_name)
     with _tag_lock:
         for impl in hook.get_hookimpls():
             if not (impl.wrapper or impl.hookwrapper) and not getattr(
                 impl.function, _TAG_MARK, False
             ):
-                impl.function = _tag(impl.function, impl.plugin_name)  # type: ignore[misc]
+                impl.function = _tag(impl.function, impl.plugin_name)
     return [item for item in hook() if isinstance(item, _Tagged)]
 
 
@@ -192,7 +194,7 @@ def platform_entries(pm: HwplugPluginManager) -> dict[str, PlatformEntry]:
     """
     entries: dict[str, PlatformEntry] = {}
     profiles: dict[str, PlatformEntry] = {}
-    outcomes = _call_platforms_hook(pm)
+    outcomes = call_each(pm, "hwplug_platforms")
     # Built-ins first, then third parties, each in name order: deterministic.
     outcomes.sort(key=lambda t: (not pm.is_builtin(t.plugin), t.plugin))
     for outcome in outcomes:

@@ -24,7 +24,7 @@ from hwplug.core.config import (
 )
 from hwplug.core.errors import ConfigError
 
-SECTIONS = ("model", "cache", "compilation", "parallel", "scheduler")
+SECTIONS = ("model", "cache", "compilation", "parallel", "scheduler", "attention")
 SRC = Path(__file__).resolve().parents[3] / "src"
 
 
@@ -195,7 +195,7 @@ def test_from_dict_unknown_section_lists_the_sections() -> None:
     message = str(info.value)
     assert "'cahce'" in message
     assert "did you mean 'cache'" in message
-    assert "allowed sections: model, cache, compilation, parallel, scheduler" in message
+    assert "allowed sections: model, cache, compilation, parallel, scheduler, attention" in message
 
 
 def test_from_dict_unknown_field_names_section_and_field() -> None:

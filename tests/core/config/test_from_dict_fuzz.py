@@ -14,7 +14,7 @@ from hwplug.core.errors import ConfigError
 
 SECTIONS = EngineConfig.section_types()
 FIELDS = {name: cls.init_field_names() for name, cls in SECTIONS.items()}
-NAMES_A_PLACE = re.compile(r"\b(model|cache|compilation|parallel|scheduler)\b")
+NAMES_A_PLACE = re.compile(r"\b(model|cache|compilation|parallel|scheduler|attention)\b")
 
 # Strings that are never importable names, so a fuzzed `inductor_passes` entry
 # cannot import (and run) an arbitrary module.

@@ -7,6 +7,7 @@ JSON, YAML or TOML files. Importing this package does not import torch.
 
 from __future__ import annotations
 
+from hwplug.core.config.attention import AttentionConfig
 from hwplug.core.config.cache import CacheConfig
 from hwplug.core.config.compilation import CallableInductorPass, CompilationConfig
 from hwplug.core.config.cudagraph_mode import CompilationLevel, CUDAGraphMode
@@ -17,6 +18,7 @@ from hwplug.core.config.pass_config import PassConfig
 from hwplug.core.config.scheduler import SchedulerConfig
 
 __all__ = [
+    "AttentionConfig",
     "CUDAGraphMode",
     "CacheConfig",
     "CallableInductorPass",

@@ -25,6 +25,7 @@ from hwplug.core.config._common import (
     did_you_mean,
     format_validation_error,
 )
+from hwplug.core.config.attention import AttentionConfig
 from hwplug.core.config.cache import CacheConfig
 from hwplug.core.config.compilation import CompilationConfig
 from hwplug.core.config.model import ModelConfig
@@ -63,6 +64,8 @@ class EngineConfig(ConfigSection):
     """Tensor, pipeline and data parallelism."""
     scheduler: SchedulerConfig = dataclasses.field(default_factory=SchedulerConfig)
     """Batch limits."""
+    attention: AttentionConfig = dataclasses.field(default_factory=AttentionConfig)
+    """The attention backend."""
 
     @classmethod
     def section_types(cls) -> dict[str, type[ConfigSection]]:
@@ -73,6 +76,7 @@ class EngineConfig(ConfigSection):
             "compilation": CompilationConfig,
             "parallel": ParallelConfig,
             "scheduler": SchedulerConfig,
+            "attention": AttentionConfig,
         }
 
     # ------------------------------------------------------------------ identity
@@ -80,7 +84,7 @@ class EngineConfig(ConfigSection):
     def compute_hash(self) -> str:
         """SHA-256 hex of everything that shapes the compiled graph.
 
-        Combines the model, cache, compilation and parallel hashes; per-rank
+        Combines the model, cache, compilation, parallel and attention hashes; per-rank
         knobs (memory shares, swap space, scheduler limits) leave it unchanged.
         The digest is the same in every process.
         """
@@ -89,6 +93,7 @@ class EngineConfig(ConfigSection):
             self.cache.compute_hash(),
             self.compilation.compute_hash(),
             self.parallel.compute_hash(),
+            self.attention.compute_hash(),
         ]
         return hashlib.sha256(str(factors).encode()).hexdigest()
 

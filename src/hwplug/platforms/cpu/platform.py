@@ -69,6 +69,7 @@ class CpuPlatform(BuiltinPlatform):
     representative_profile = "cpu-generic"
     profile_table = PROFILES
     custom_op_forward = "forward_cpu"
+    attention_order = ("torch",)
 
     mla_without_chunked_prefill = True
     min_compiling_level: ClassVar[int] = 2

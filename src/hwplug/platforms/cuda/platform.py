@@ -67,6 +67,7 @@ class CudaPlatform(BuiltinPlatform):
     representative_profile = "h100"
     profile_table = PROFILES
     custom_op_forward = "forward_cuda"
+    attention_order = ("triton", "torch")
 
     # -- discovery -----------------------------------------------------------
     @classmethod

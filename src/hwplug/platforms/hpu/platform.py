@@ -59,6 +59,8 @@ class HpuPlatform(BuiltinPlatform):
     representative_profile = "gaudi2"
     profile_table = PROFILES
     custom_op_forward = "forward_hpu"
+    attention_order = ("torch",)
+    fits_graph_mode_to_attention = False  # HPU graphs capture the attention too
 
     custom_ops_default: ClassVar[tuple[str, ...]] = ("all",)
     """``compilation.custom_ops`` filled in when unset: Gaudi's fused kernels."""

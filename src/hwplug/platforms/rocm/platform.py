@@ -60,6 +60,7 @@ class RocmPlatform(BuiltinPlatform):
     representative_profile = "mi300x"
     profile_table = PROFILES
     custom_op_forward = "forward_hip"
+    attention_order = ("triton", "torch")
 
     # -- discovery -----------------------------------------------------------
     @classmethod

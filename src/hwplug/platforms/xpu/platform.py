@@ -67,6 +67,7 @@ class XpuPlatform(BuiltinPlatform):
     representative_profile = "max-1550"
     profile_table = PROFILES
     custom_op_forward = "forward_xpu"
+    attention_order = ("triton", "torch")
 
     # -- discovery -----------------------------------------------------------
     @classmethod
