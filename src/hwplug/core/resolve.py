@@ -750,7 +750,7 @@ def _step_fit_graph_mode(
     if fitted == mode:
         return
     if explicit:
-        working = _modes_that_fit(comp, support)
+        working = _modes_that_fit(config, plat, support)
         raise ConfigError(
             f"compilation.cudagraph_mode={mode} cannot run with the {backend.name} attention "
             f"backend on {plat.describe_device()}: its graph support is {support.name}, so "
@@ -766,19 +766,24 @@ def _step_fit_graph_mode(
     )
 
 
-def _modes_that_fit(comp: Any, support: Any) -> list[Any]:
-    """The graph modes that resolution would keep unchanged with ``support``."""
-    import copy as _copy
-
-    from hwplug.core.config import CUDAGraphMode
+def _modes_that_fit(config: EngineConfig, plat: Platform, support: Any) -> list[Any]:
+    """The graph modes the platform accepts here and the attention support keeps as they are."""
+    from hwplug.core.config import CompilationLevel, CUDAGraphMode
     from hwplug.core.graph_modes import resolve_runtime_graph_mode
 
     kept = []
     for candidate in CUDAGraphMode:
-        trial = _copy.deepcopy(comp)
-        trial.cudagraph_mode = candidate
+        trial = copy.deepcopy(config)
+        trial.compilation.cudagraph_mode = candidate
+        if explicit_mode_problem(trial, plat) is not None:
+            continue
+        if (
+            candidate.requires_piecewise_compilation()
+            and trial.compilation.level != CompilationLevel.PIECEWISE
+        ):
+            continue
         try:
-            if resolve_runtime_graph_mode(trial, support) == candidate:
+            if resolve_runtime_graph_mode(trial.compilation, support) == candidate:
                 kept.append(candidate)
         except ConfigError:
             continue

@@ -1,8 +1,13 @@
-"""The ACME NPU platform: detection, rule tables and a config hook.
+"""The ACME NPU platform: detection, rule tables, an attention backend and graphs.
 
 ACME's NPU is simulated: the device is "present" when the driver would have
 exported ``ACME_NPU_DEVICES`` (a comma-separated list of device indices), so
 this plugin shows every part of a real one without real hardware.
+
+ACME's attention kernel (``acme``) can run inside a full graph only for
+single-token decode batches (``UNIFORM_SINGLE_TOKEN_DECODE``), so hwplug fits
+the graph mode to it: the NPU's default ``FULL`` becomes ``FULL_DECODE_ONLY``
+(recorded), and an explicit ``FULL`` is refused.
 """
 
 from __future__ import annotations
@@ -11,7 +16,9 @@ import os
 from typing import TYPE_CHECKING, ClassVar
 
 import hwplug
+from hwplug.attention import AttentionBackend, TorchAttentionBackend
 from hwplug.core.errors import ConfigError
+from hwplug.core.graphs import AttentionGraphSupport
 from hwplug.core.platform import DeviceInfo, Platform
 
 if TYPE_CHECKING:
@@ -32,8 +39,19 @@ _PROFILES = {
 }
 
 
+class AcmeAttentionBackend(TorchAttentionBackend):
+    """ACME's attention kernel: graph-capturable for single-token decode batches only.
+
+    (In this demo it computes with hwplug's torch reference.)
+    """
+
+    name = "acme"
+    graph_support = AttentionGraphSupport.UNIFORM_SINGLE_TOKEN_DECODE
+    device_types = ("cpu",)
+
+
 class NpuPlatform(Platform):
-    """ACME NPU: 32-token blocks, an fp8 (e4m3) cache on N2 and later, no device graphs."""
+    """ACME NPU: 32-token blocks, an fp8 (e4m3) cache on N2 and later, whole-model graphs."""
 
     name = "npu"
     device_type = "cpu"  # ACME's runtime exposes the NPU through CPU tensors in this demo
@@ -51,6 +69,11 @@ class NpuPlatform(Platform):
     fp8_dtype_name = "float8_e4m3fn"
     default_compilation_level = 2
     representative_profile = "acme-n2"
+    custom_op_forward = "forward_oot"
+    attention_order: ClassVar[tuple[str, ...]] = ("acme", "torch")
+    supports_device_graphs = True
+    supports_piecewise_graphs = False
+    graphs_need_compilation = False  # ACME graphs capture the whole model: FULL by default
 
     @classmethod
     def detect(cls) -> list[DeviceInfo]:
@@ -87,7 +110,18 @@ class NpuPlatform(Platform):
                 )
             changes.record("scheduler.max_num_seqs", 128, "ACME NPUs schedule 128 sequences")
 
+    def graph_wrapper_cls(self) -> type | None:
+        """ACME graphs (see :mod:`acme_npu.graphs`)."""
+        from acme_npu.graphs import AcmeGraphWrapper
+
+        return AcmeGraphWrapper
+
 
 @hwplug.hookimpl
 def hwplug_platforms() -> list[type[Platform]]:
     return [NpuPlatform]
+
+
+@hwplug.hookimpl
+def hwplug_attention_backends() -> list[type[AttentionBackend]]:
+    return [AcmeAttentionBackend]
