@@ -117,7 +117,13 @@ class ModelRunner:
         backend = comp.init_backend(self.config)
         if level == 3 and self.graph_backend is not None:
             backend = _bind_graph_backend(backend, self.graph_backend)
-        compiled = torch.compile(self.model, backend=backend, fullgraph=True, dynamic=True)
+        options = None
+        if backend == "inductor" and comp.inductor_compile_config:
+            # Levels 1-2 hand Inductor a name: its options travel with torch.compile.
+            options = dict(comp.inductor_compile_config)
+        compiled = torch.compile(
+            self.model, backend=backend, fullgraph=True, dynamic=True, options=options
+        )
         return compiled
 
     # -- inputs -------------------------------------------------------------------------
