@@ -27,11 +27,6 @@ pytest.importorskip("triton")
 
 SCRIPT = """
 import json, sys
-from hwplug.core.config import EngineConfig
-import tiny_engine.attention
-if not hasattr(EngineConfig(), "attention"):
-    # Until resolution chooses the backend (SPEC 12), name the H100's first choice.
-    tiny_engine.attention.DEFAULT_BACKEND = "triton"
 from tiny_engine import LLM
 
 path, compilation, prompts = sys.argv[1], json.loads(sys.argv[2]), json.loads(sys.argv[3])
