@@ -718,6 +718,7 @@ def matrix(
             "KV-cache dtypes",
             "fp8",
             "model dtypes",
+            "attention",
         )
         for row in group:
             table.add_row(
@@ -730,6 +731,7 @@ def matrix(
                     ", ".join(row.cache_dtypes),
                     row.fp8_format or "none",
                     ", ".join(row.model_dtypes),
+                    row.attention_backend or "none",
                 )
             )
         console.print(table)

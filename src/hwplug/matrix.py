@@ -43,7 +43,8 @@ size in brackets; MLA is multi-head latent attention (`model.use_mla`). The
 fp8 format is the torch dtype that `cache.cache_dtype="fp8"` (on HPU
 `"fp8_inc"`) stores on that device; "none" where the device does not accept
 it (an explicit format such as `fp8_e5m2` may still be listed among the
-KV-cache dtypes).
+KV-cache dtypes). The attention column is the backend a default
+configuration resolves to (`attention.backend` left unset).
 
 This page is generated: run `python scripts/gen_support_matrix.py` (the same
 as `HWPLUG_PLUGINS= hwplug matrix --format markdown`) after changing a
@@ -96,6 +97,8 @@ class MatrixRow:
     """``compilation.cudagraph_mode`` values the platform accepts."""
     default_compilation_level: str
     """Compilation level filled in when unset, as ``NAME (n)``."""
+    attention_backend: str | None = None
+    """The attention backend a default config resolves to here (None: none fits)."""
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict (tuples as lists)."""
@@ -120,11 +123,16 @@ def builtin_plugin_manager() -> HwplugPluginManager:
 def graph_modes(platform: Platform | type[Platform]) -> tuple[str, ...]:
     """Names of the ``cudagraph_mode`` values ``platform`` accepts.
 
-    ``NONE`` everywhere; with device graphs every mode, except the ones that
-    need piecewise capture where the platform captures whole graphs only.
+    For a platform bound to a device: the modes a default configuration
+    resolves with unchanged there (so the device's graph wrapper and the
+    default attention backend's graph support count). For a class: ``NONE``,
+    and with device graphs every mode except those that need piecewise
+    capture where the platform captures whole graphs only.
     """
     from hwplug.core.config import CUDAGraphMode
 
+    if isinstance(platform, Platform):
+        return tuple(mode.name for mode in CUDAGraphMode if _resolves_with(platform, mode))
     if not platform.supports_device_graphs:
         return (CUDAGraphMode.NONE.name,)
     return tuple(
@@ -132,6 +140,18 @@ def graph_modes(platform: Platform | type[Platform]) -> tuple[str, ...]:
         for mode in CUDAGraphMode
         if platform.supports_piecewise_graphs or not mode.requires_piecewise_compilation()
     )
+
+
+def _resolves_with(platform: Platform, mode: Any) -> bool:
+    from hwplug import resolve
+    from hwplug.core.config import EngineConfig
+    from hwplug.core.errors import ConfigError
+
+    config = EngineConfig.from_dict({"compilation": {"cudagraph_mode": mode.name}})
+    try:
+        return bool(resolve(config, platform=platform).config.compilation.cudagraph_mode == mode)
+    except ConfigError:
+        return False
 
 
 def _level_name(level: int) -> str:
@@ -143,7 +163,7 @@ def _level_name(level: int) -> str:
         return str(level)
 
 
-def _row(platform: Platform, entry: PlatformEntry) -> MatrixRow:
+def _row(platform: Platform, entry: PlatformEntry, manager: HwplugPluginManager) -> MatrixRow:
     from hwplug.core.config import EngineConfig, ModelConfig
 
     plain = EngineConfig()
@@ -177,7 +197,24 @@ def _row(platform: Platform, entry: PlatformEntry) -> MatrixRow:
         model_dtypes=tuple(platform.supported_model_dtypes()),
         graph_modes=graph_modes(platform),
         default_compilation_level=_level_name(platform.default_compilation_level),
+        attention_backend=_default_backend(platform, manager),
     )
+
+
+def _default_backend(platform: Platform, manager: HwplugPluginManager) -> str | None:
+    """The attention backend resolution chooses for a default config on ``platform``."""
+    from hwplug.attention import collect_backends
+    from hwplug.attention.registry import BUILTIN_BACKENDS
+    from hwplug.core.config import EngineConfig
+    from hwplug.core.errors import ConfigError
+    from hwplug.core.resolve import resolve
+
+    backends = collect_backends(BUILTIN_BACKENDS, manager.attention_backend_results())
+    try:
+        resolution = resolve(EngineConfig(), platform, attention_backends=backends)
+    except ConfigError:
+        return None
+    return resolution.config.attention.backend
 
 
 # How the built-in platforms are listed (the most used first).
@@ -214,10 +251,10 @@ def support_matrix(
         if installed:
             candidate = manager.detect(entry)
             if candidate.present:
-                rows.append(_row(cls(candidate.devices), entry))
+                rows.append(_row(cls(candidate.devices), entry, manager))
             continue
         for profile in cls.profiles():
-            rows.append(_row(cls.simulate(profile), entry))
+            rows.append(_row(cls.simulate(profile), entry, manager))
     return rows
 
 
@@ -272,8 +309,8 @@ def render_markdown(rows: Sequence[MatrixRow]) -> str:
             f"Provided by the `{_joined(r.distribution for r in group)}` distribution.",
             "",
             "| profile | device | block sizes | MLA block sizes | KV-cache dtypes | fp8 format "
-            "| model dtypes |",
-            "|---|---|---|---|---|---|---|",
+            "| model dtypes | attention |",
+            "|---|---|---|---|---|---|---|---|",
         ]
         for row in group:
             cells = (
@@ -284,6 +321,7 @@ def render_markdown(rows: Sequence[MatrixRow]) -> str:
                 ", ".join(row.cache_dtypes),
                 row.fp8_format or "none",
                 ", ".join(row.model_dtypes),
+                f"`{row.attention_backend}`" if row.attention_backend else "none",
             )
             lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
     return "\n".join(lines) + "\n"

@@ -5,7 +5,10 @@ from __future__ import annotations
 import json
 from typing import ClassVar
 
+import pytest
+
 import hwplug
+from hwplug.core.config import CUDAGraphMode, EngineConfig
 from hwplug.core.platform import DeviceInfo, Platform
 from hwplug.matrix import (
     builtin_plugin_manager,
@@ -66,8 +69,29 @@ def test_vendor_platforms_come_after_the_builtins() -> None:
     assert vendor.distribution == "z-npu"
     assert vendor.block_sizes == (32, 64)
     assert vendor.fp8_format == "float8_e4m3fn"
-    assert vendor.graph_modes == ("NONE", "FULL", "FULL_DECODE_ONLY")
+    # graphs in the class, but no graph wrapper for this device: no graph mode but NONE
+    assert vendor.graph_modes == ("NONE",)
     assert vendor.default_compilation_level == "NO_COMPILATION (0)"
+
+
+def test_a_device_without_a_graph_wrapper_resolves_no_graphs() -> None:
+    platform = FakeNpu.simulate("z1")
+    assert not platform.has_device_graphs()
+    config = hwplug.resolve(platform=platform).config
+    assert config.compilation.cudagraph_mode == CUDAGraphMode.NONE
+    with pytest.raises(hwplug.ConfigError, match="has no device graphs"):
+        hwplug.resolve(
+            EngineConfig.from_dict({"compilation": {"cudagraph_mode": "FULL"}}), platform=platform
+        )
+
+
+def test_a_graph_wrapper_that_is_not_a_graph_wrapper_is_a_plugin_error() -> None:
+    class Guessed(FakeNpu):
+        def graph_wrapper_cls(self) -> type | None:
+            return dict
+
+    with pytest.raises(hwplug.PluginError, match=r"'znpu'.*graph_wrapper_cls\(\) returned"):
+        hwplug.resolve(platform=Guessed.simulate("z1"))
 
 
 def test_installed_rows_describe_detected_devices() -> None:

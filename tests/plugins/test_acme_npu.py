@@ -122,3 +122,65 @@ def test_raising_detect_is_reported_by_name(acme_site: Path) -> None:
     assert result.stdout.strip() == "cpu"
     assert "acme_npu" in result.stderr and "acme-npu" in result.stderr
     assert "ACME_NPU_ARCH='n9'" in result.stderr
+
+
+def test_acme_attention_fits_the_graph_mode(acme_site: Path) -> None:
+    code = """
+    import json
+    import hwplug
+    from hwplug.core.config import EngineConfig
+    res = hwplug.resolve(platform="acme-n2")
+    fitted = res.changes_to("compilation.cudagraph_mode")[-1]
+    out = {"backend": res.config.attention.backend, "mode": str(res.config.compilation.cudagraph_mode),
+           "source": fitted.source, "reason": fitted.reason}
+    try:
+        hwplug.resolve(EngineConfig.from_dict({"compilation": {"cudagraph_mode": "FULL"}}),
+                       platform="acme-n2")
+    except hwplug.ConfigError as exc:
+        out["refused"] = str(exc)
+    print(json.dumps(out))
+    """
+    result = run_python(code, paths=[acme_site], env=clean_env())
+    assert result.returncode == 0, result.stderr
+    out = json.loads(result.stdout.strip().splitlines()[-1])
+    assert out["backend"] == "acme"
+    assert out["mode"] == "FULL_DECODE_ONLY"
+    assert out["source"] == "engine"
+    assert "acme attention backend's graph support is UNIFORM_SINGLE_TOKEN_DECODE" in out["reason"]
+    assert "compilation.cudagraph_mode=FULL cannot run with the acme" in out["refused"]
+    assert "use compilation.cudagraph_mode=NONE or FULL_DECODE_ONLY" in out["refused"]
+
+
+def test_acme_graph_backend_captures_and_replays_what_the_dispatcher_plans(
+    acme_site: Path,
+) -> None:
+    code = """
+    import json
+    import torch
+    import hwplug
+    from hwplug.core.config import EngineConfig
+    from hwplug.core.graphs import BatchDescriptor, GraphDispatcher, capture_graphs, graph_context
+    cfg = EngineConfig.from_dict({"scheduler": {"max_num_seqs": 4}})
+    res = hwplug.resolve(cfg, platform="acme-n2")
+    wrapper_cls = res.platform.graph_wrapper_cls()
+    buffer = torch.zeros(8)
+    model = wrapper_cls(lambda x: x * 2, res.config.compilation, "FULL")
+    dispatcher = GraphDispatcher.from_config(res.config)
+    done = capture_graphs(lambda key: model(buffer[: key.num_tokens]), dispatcher.capture_keys())
+    mode, key = dispatcher.dispatch(BatchDescriptor(3, uniform_decode=True))
+    buffer[:3] = torch.tensor([1.0, 2.0, 3.0])
+    with graph_context(mode, key):
+        out = model(buffer[: key.num_tokens])
+    backend = model.backend
+    print(json.dumps({"captured": [k.num_tokens for _, k in done], "mode": mode.name,
+                      "key": key.num_tokens, "out": out[:3].tolist(),
+                      "replays": sum(g.replays for g in backend.graphs), "backend": backend.name}))
+    """
+    result = run_python(code, paths=[acme_site], env=clean_env())
+    assert result.returncode == 0, result.stderr
+    out = json.loads(result.stdout.strip().splitlines()[-1])
+    assert out["backend"] == "acme"
+    assert out["captured"] == [4, 2, 1]  # decode graphs up to max_num_seqs, largest first
+    assert (out["mode"], out["key"]) == ("FULL", 4)
+    assert out["out"] == [2.0, 4.0, 6.0]
+    assert out["replays"] == 1

@@ -9,7 +9,7 @@ imports torch.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from hwplug.core.config import CUDAGraphMode
 from hwplug.core.errors import ConfigError
@@ -173,6 +173,27 @@ class GraphDispatcher:
             if entry is not None:
                 by_mode[entry[0]].append(entry[1])
         self._capture_keys = {m: descending(keys) for m, keys in by_mode.items()}
+
+    @classmethod
+    def from_config(cls, config: Any, *, uniform_decode_query_len: int = 1) -> GraphDispatcher:
+        """The dispatcher of a resolved config: its compilation section with the
+        scheduler's ``max_num_seqs``, so decode graphs stop where decode batches do.
+
+        ``config`` is a resolved ``EngineConfig`` or a ``Resolution`` (its config).
+        """
+        engine = getattr(config, "config", config)
+        compilation = getattr(engine, "compilation", None)
+        scheduler = getattr(engine, "scheduler", None)
+        if compilation is None or scheduler is None:
+            raise ValueError(
+                "GraphDispatcher.from_config needs a resolved EngineConfig or a Resolution, "
+                f"got {type(config).__name__}"
+            )
+        return cls(
+            compilation,
+            max_num_seqs=scheduler.max_num_seqs,
+            uniform_decode_query_len=uniform_decode_query_len,
+        )
 
     @staticmethod
     def _padding_table(config: CompilationConfig) -> list[int]:

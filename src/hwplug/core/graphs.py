@@ -137,6 +137,19 @@ def capture_phase() -> Iterator[None]:
         set_capture_enabled(previous)
 
 
+# What wrappers did during capture_graphs: ("warmup" | "capture", mode, key).
+_capture_log: ContextVar[list[tuple[str, CUDAGraphMode, BatchDescriptor]] | None] = ContextVar(
+    "hwplug_capture_log", default=None
+)
+_MAX_WARMUP_ROUNDS = 16
+
+
+def _note_capture_event(event: str, mode: CUDAGraphMode, key: BatchDescriptor) -> None:
+    log = _capture_log.get()
+    if log is not None:
+        log.append((event, mode, key))
+
+
 def capture_graphs(
     run: Callable[[BatchDescriptor], object],
     plan: Mapping[CUDAGraphMode, Iterable[BatchDescriptor]],
@@ -145,13 +158,17 @@ def capture_graphs(
 ) -> list[tuple[CUDAGraphMode, BatchDescriptor]]:
     """Capture every planned graph, PIECEWISE keys first, each mode largest key first.
 
-    ``run(key)`` runs one forward pass shaped like ``key`` (a dummy batch);
-    it is called ``num_warmups + 1`` times per key inside
-    ``graph_context(mode, key)``, so wrappers configured with
-    ``cudagraph_num_of_warmups=num_warmups`` warm up and then capture. Largest
-    first lets smaller graphs reuse the shared memory pool. Capture is open
-    during the call and the garbage collector is paused. ``plan`` is usually
-    :meth:`GraphDispatcher.capture_keys`. Returns what was captured, in order.
+    ``run(key)`` runs one forward pass shaped like ``key`` (a dummy batch)
+    inside ``graph_context(mode, key)``: ``num_warmups + 1`` times, and again
+    while the wrappers are still warming up (``cudagraph_num_of_warmups``)
+    without having captured. Largest first lets smaller graphs reuse the
+    shared memory pool. Capture is open during the call and the garbage
+    collector is paused. ``plan`` is usually
+    :meth:`GraphDispatcher.capture_keys`.
+
+    :returns: The ``(mode, key)`` pairs a wrapper really captured, in order;
+        a planned key that no wrapper captured (no wrapper of that mode ran)
+        is left out and logged.
     """
     if isinstance(num_warmups, bool) or not isinstance(num_warmups, int) or num_warmups < 0:
         raise ValueError(f"num_warmups must be an integer >= 0, got {num_warmups!r}")
@@ -159,6 +176,8 @@ def capture_graphs(
         (as_runtime_mode(m) for m in plan), key=lambda m: m is not CUDAGraphMode.PIECEWISE
     )
     done: list[tuple[CUDAGraphMode, BatchDescriptor]] = []
+    log: list[tuple[str, CUDAGraphMode, BatchDescriptor]] = []
+    token = _capture_log.set(log)
     gc_was_enabled = gc.isenabled()
     gc.collect()
     gc.disable()
@@ -168,11 +187,22 @@ def capture_graphs(
                 if mode is CUDAGraphMode.NONE:
                     continue
                 for key in descending(plan[mode]):
+                    start = len(log)
                     with graph_context(mode, key):
                         for _ in range(num_warmups + 1):
                             run(key)
-                    done.append((mode, key))
+                        for _ in range(_MAX_WARMUP_ROUNDS):
+                            events = {event for event, _, _ in log[start:]}
+                            if "capture" in events or "warmup" not in events:
+                                break
+                            start = len(log)
+                            run(key)
+                    if any(event == "capture" for event, m, k in log if (m, k) == (mode, key)):
+                        done.append((mode, key))
+                    else:
+                        logger.debug("no %s graph was captured for %s", mode.name, key)
     finally:
+        _capture_log.reset(token)
         if gc_was_enabled:
             gc.enable()
     return done
@@ -368,8 +398,11 @@ class GraphWrapper:
             entry = self._entries[key] = _Entry()
         if entry.warmups < self.num_warmups:
             entry.warmups += 1
+            _note_capture_event("warmup", self.runtime_mode, key)
             return self.runnable(*args, **kwargs)
-        return self._capture(entry, key, args, kwargs)
+        output = self._capture(entry, key, args, kwargs)
+        _note_capture_event("capture", self.runtime_mode, key)
+        return output
 
     def _capture(
         self, entry: _Entry, key: BatchDescriptor, args: tuple[Any, ...], kwargs: dict[str, Any]

@@ -535,8 +535,35 @@ class Platform:
 
     # -- graphs and compilation -----------------------------------------------------
     def graph_wrapper_cls(self) -> type | None:
-        """The graph-capture wrapper class for this platform, or None (eager)."""
+        """The graph-capture wrapper class for this platform's device, or None (eager).
+
+        A subclass of :class:`hwplug.core.graphs.GraphWrapper` bound to the
+        device's :class:`~hwplug.core.graphs.GraphBackend`. A device without
+        graphs returns None even where the platform class has them.
+        """
         return None
+
+    def has_device_graphs(self) -> bool:
+        """Whether this device captures graphs: :attr:`supports_device_graphs` and a
+        graph wrapper (checked to be a ``GraphWrapper`` subclass).
+
+        :raises PluginError: :meth:`graph_wrapper_cls` returned something else.
+        """
+        if not self.supports_device_graphs:
+            return False
+        wrapper = self.graph_wrapper_cls()
+        if wrapper is None:
+            return False
+        from hwplug.core.errors import PluginError
+        from hwplug.core.graphs import GraphWrapper
+
+        if not (isinstance(wrapper, type) and issubclass(wrapper, GraphWrapper)):
+            raise PluginError(
+                f"platform {self.name!r}: graph_wrapper_cls() returned {brief(wrapper)}, which "
+                "is not a subclass of hwplug.core.graphs.GraphWrapper; subclass it and "
+                "return your GraphBackend from default_backend() (see docs/graphs.md)"
+            )
+        return True
 
     # -- configuration ----------------------------------------------------------------
     def check_and_update_config(self, config: EngineConfig, changes: ChangeLog) -> None:

@@ -602,7 +602,7 @@ def explicit_mode_problem(config: EngineConfig, plat: Platform) -> str | None:
     if mode is None or mode == CUDAGraphMode.NONE:
         return None
     device = plat.describe_device()
-    if not plat.supports_device_graphs:
+    if not plat.has_device_graphs():
         return (
             f"compilation.cudagraph_mode={mode} is not supported on {device}: the "
             f"{plat.name} platform has no device graphs; use NONE"
@@ -630,7 +630,7 @@ def _step_graph_defaults(config: EngineConfig, plat: Platform, changes: ChangeLo
         if problem is not None:
             raise ConfigError(problem)
         return
-    if not plat.supports_device_graphs:
+    if not plat.has_device_graphs():
         new, reason = CUDAGraphMode.NONE, f"{plat.name} has no device graphs"
     elif config.model.enforce_eager:
         new, reason = CUDAGraphMode.NONE, "model.enforce_eager disables graph capture"
@@ -843,9 +843,7 @@ def _step_finalise(
 
     mode = comp.cudagraph_mode if comp.cudagraph_mode is not None else CUDAGraphMode.NONE
     graphs_on = (
-        plat.supports_device_graphs
-        and mode != CUDAGraphMode.NONE
-        and not config.model.enforce_eager
+        plat.has_device_graphs() and mode != CUDAGraphMode.NONE and not config.model.enforce_eager
     )
     sizes_before = copy.deepcopy(comp.cudagraph_capture_sizes)
     compile_before = copy.deepcopy(comp.compile_sizes)

@@ -16,6 +16,8 @@ __all__ = ["dequantize", "gather_rows", "quantize", "write_rows"]
 
 # Widest first: copying rows as 8-byte words moves the same bytes with 8x fewer elements.
 _WORD_DTYPES = (torch.int64, torch.int32, torch.int16, torch.uint8)
+# Elements quantised per piece: a 1 MiB fp32 intermediate.
+_QUANTIZE_CHUNK = 1 << 18
 
 
 def _scale_1d(scale: float | torch.Tensor, device: torch.device) -> torch.Tensor:
@@ -39,10 +41,16 @@ def quantize(x: torch.Tensor, scale: float | torch.Tensor, dtype: torch.dtype) -
     fmt = FP8_FORMATS.get(dtype)
     if fmt is None:
         return x.to(dtype)
-    # reads x as fp32 and divides in one pass (see _scale_1d)
-    scaled = x / _scale_1d(scale, x.device)
+    scale_1d = _scale_1d(scale, x.device)
     limit = fmt.max_finite
-    return scaled.clamp_(-limit, limit).to(dtype)
+    out = torch.empty(x.shape, dtype=dtype, device=x.device)
+    flat_in, flat_out = x.reshape(-1), out.view(-1)
+    # in pieces whose fp32 intermediate stays in cache, instead of one pass per step
+    # over a tensor four times the size of the result
+    for start in range(0, flat_in.numel(), _QUANTIZE_CHUNK):
+        piece = flat_in[start : start + _QUANTIZE_CHUNK] / scale_1d  # fp32 (see _scale_1d)
+        flat_out[start : start + _QUANTIZE_CHUNK].copy_(piece.clamp_(-limit, limit))
+    return out
 
 
 def dequantize(x: torch.Tensor, scale: float | torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -99,7 +107,7 @@ def write_rows(
         return
     source = rows.reshape(rows.shape[0], cache.shape[2] * cache.shape[3]).view(torch.uint8)
     target, source = _as_words(flat, source)
-    target.index_put_((slots,), source)
+    target.index_copy_(0, slots, source)
 
 
 def gather_rows(
