@@ -97,6 +97,7 @@ def test_prompt_ids_give_the_library_tokens(llama: Path) -> None:
         (["--random-prompts", "1x3", "--set", "nonsense"], "section.field=value"),
         (["--random-prompts", "1x3", "--set", "model.num_layers=5"], "contradicts"),
         (["--random-prompts", "1x3", "--platform", "nosuch"], "nosuch"),
+        (["--random-prompts", "1x3", "--set", "attention.backend=triton"], "triton"),
         (["--random-prompts", "1x3", "--max-tokens", "0"], "--max-tokens"),
     ],
 )

@@ -4,7 +4,8 @@ Piecewise compilation through hwplug's backend, the platform's CUDA-graph
 wrapper on hwplug's recording graph backend, the GraphDispatcher's padded
 keys, and the Triton attention under the interpreter: the tokens are
 transformers' own. Each run is a fresh process started with
-``TRITON_INTERPRET=1``, as Triton reads it when its kernels are first built.
+``TRITON_INTERPRET=1``, so neither the interpreter setting nor compiled state
+leaks into other tests.
 """
 
 from __future__ import annotations
