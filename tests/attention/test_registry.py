@@ -40,7 +40,8 @@ def test_builtins_are_torch_and_triton() -> None:
 def test_get_backend_and_available_backends() -> None:
     assert get_backend("triton") is TritonAttentionBackend
     backends = available_backends()
-    assert backends == dict(BUILTIN_BACKENDS)
+    # the built-ins, plus the backends of installed plugins (acme_npu's "acme", say)
+    assert dict(BUILTIN_BACKENDS).items() <= backends.items()
     backends.clear()  # a copy: the registry is untouched
     assert get_backend("torch") is TorchAttentionBackend
 
