@@ -12,11 +12,13 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 
-$(STAMP): $(BIN)/python pyproject.toml examples/acme_npu/pyproject.toml
+$(STAMP): $(BIN)/python pyproject.toml examples/acme_npu/pyproject.toml examples/tiny_engine/pyproject.toml
 	$(BIN)/pip install --quiet $(TORCH_PIN)
-	$(BIN)/pip install --quiet -e ".[test,docs,triton]"
+	$(BIN)/pip install --quiet -e ".[test,docs,triton,engine]"
 	# The suite must pass with third-party plugins installed: install the example vendor plugin.
 	$(BIN)/pip install --quiet --no-deps --no-build-isolation ./examples/acme_npu
+	# The example engine (its tests compare it with transformers).
+	$(BIN)/pip install --quiet --no-deps --no-build-isolation -e ./examples/tiny_engine
 	touch $(STAMP)
 
 setup: $(STAMP)
