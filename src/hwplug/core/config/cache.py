@@ -84,9 +84,13 @@ class CacheConfig(ConfigSection):
     """Storage type of the Mamba conv and SSM state; ``auto`` follows the model."""
     mamba_ssm_cache_dtype: MambaDType = "auto"
     """Storage type of the Mamba SSM state only; ``auto`` follows ``mamba_cache_dtype``."""
-    num_gpu_blocks: SkipJsonSchema[Count | None] = dataclasses.field(default=None, init=False)
+    num_gpu_blocks: SkipJsonSchema[Count | None] = dataclasses.field(
+        default=None, init=False, compare=False
+    )
     """Device blocks allocated (set after profiling, not by users)."""
-    num_cpu_blocks: SkipJsonSchema[Count | None] = dataclasses.field(default=None, init=False)
+    num_cpu_blocks: SkipJsonSchema[Count | None] = dataclasses.field(
+        default=None, init=False, compare=False
+    )
     """CPU blocks allocated (set after profiling, not by users)."""
     kv_sharing_fast_prefill: bool = False
     """Let eligible KV-sharing layers skip prefill tokens (experimental)."""

@@ -156,28 +156,36 @@ class CompilationConfig(ConfigSection):
     """Switches of the custom graph passes (a ``PassConfig`` or a dict of its fields)."""
 
     # -- derived, not set by users
-    max_capture_size: SkipJsonSchema[int | None] = dataclasses.field(default=None, init=False)
+    max_capture_size: SkipJsonSchema[int | None] = dataclasses.field(
+        default=None, init=False, compare=False
+    )
     """Largest capture size (0 when there are none); set by ``init_with_cudagraph_sizes``."""
-    local_cache_dir: SkipJsonSchema[str | None] = dataclasses.field(default=None, init=False)
+    local_cache_dir: SkipJsonSchema[str | None] = dataclasses.field(
+        default=None, init=False, compare=False
+    )
     """This rank's compiled-graph cache directory."""
     bs_to_padded_graph_size: SkipJsonSchema[list[int] | None] = dataclasses.field(
-        default=None, init=False
+        default=None, init=False, compare=False
     )
     """``[b]`` is the smallest capture size >= ``b`` (``[0]`` is 0), for O(1) padding."""
     enabled_custom_ops: SkipJsonSchema[Counter[str]] = dataclasses.field(
-        default_factory=Counter, init=False
+        default_factory=Counter, init=False, compare=False
     )
     """Custom ops the model instantiated enabled."""
     disabled_custom_ops: SkipJsonSchema[Counter[str]] = dataclasses.field(
-        default_factory=Counter, init=False
+        default_factory=Counter, init=False, compare=False
     )
     """Custom ops the model instantiated disabled."""
-    traced_files: SkipJsonSchema[set[str]] = dataclasses.field(default_factory=set, init=False)
+    traced_files: SkipJsonSchema[set[str]] = dataclasses.field(
+        default_factory=set, init=False, compare=False
+    )
     """Source files Dynamo traced."""
-    compilation_time: SkipJsonSchema[float] = dataclasses.field(default=0.0, init=False)
+    compilation_time: SkipJsonSchema[float] = dataclasses.field(
+        default=0.0, init=False, compare=False
+    )
     """Seconds spent compiling."""
     static_forward_context: SkipJsonSchema[dict[str, Any]] = dataclasses.field(
-        default_factory=dict, init=False
+        default_factory=dict, init=False, compare=False
     )
     """Layer name -> layer object, for layers reached outside the model code."""
 
