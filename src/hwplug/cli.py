@@ -19,9 +19,10 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import os
 import sys
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -119,6 +120,16 @@ class _Buffer(logging.Handler):
         self.records.append(record)
 
 
+_buffers: list[_Buffer] = []
+
+
+def _warnings_so_far() -> list[str]:
+    """The warnings hwplug logged during this command (also printed to stderr at the end)."""
+    if not _buffers:
+        return []
+    return [one_line(record.getMessage()) for record in _buffers[-1].records]
+
+
 @contextlib.contextmanager
 def _quiet_library() -> Iterator[_Buffer]:
     """Route hwplug's warnings (log records and ``warnings``) into a buffer."""
@@ -126,6 +137,7 @@ def _quiet_library() -> Iterator[_Buffer]:
 
     logger = logging.getLogger("hwplug")
     buffer = _Buffer()
+    _buffers.append(buffer)
     propagate = logger.propagate
     logger.addHandler(buffer)
     logger.propagate = False
@@ -136,6 +148,7 @@ def _quiet_library() -> Iterator[_Buffer]:
             warnings.simplefilter("ignore", DeprecationWarning)
             yield buffer
     finally:
+        _buffers.remove(buffer)
         logger.removeHandler(buffer)
         logger.propagate = propagate
 
@@ -173,11 +186,21 @@ def main(argv: Sequence[str] | None = None) -> int:
 # --------------------------------------------------------------------------- output
 
 
+# Width of piped and captured output when COLUMNS does not say.
+_PIPE_WIDTH = 200
+
+
 def _console() -> Console:
-    # Wide enough in pipes and captured output that no cell is cut short.
-    console = Console(highlight=False, soft_wrap=False)
-    if not console.is_terminal:
-        console = Console(highlight=False, width=200, soft_wrap=False)
+    """A console as wide as the terminal, or ``COLUMNS``; pipes default to 200 columns.
+
+    Table cells wrap (fold) rather than being cut short, so field paths and
+    values stay whole at any width.
+    """
+    columns = os.environ.get("COLUMNS", "").strip()
+    width = int(columns) if columns.isascii() and columns.isdecimal() and int(columns) > 0 else None
+    console = Console(highlight=False, soft_wrap=False, width=width)
+    if width is None and not console.is_terminal:
+        console = Console(highlight=False, width=_PIPE_WIDTH, soft_wrap=False)
     return console
 
 
@@ -188,8 +211,15 @@ def _print_json(data: Any) -> None:
 def _table(title: str, *columns: str) -> Table:
     table = Table(title=Text(title, style="bold"), title_justify="left")
     for column in columns:
-        table.add_column(column)
+        table.add_column(column, overflow="fold")
     return table
+
+
+def _keep_whole(table: Table, column: int, texts: Iterable[str], limit: int = 40) -> None:
+    """Give ``column`` room for its longest text (up to ``limit``): field paths and
+    plugin names are read whole; the other cells fold around them."""
+    width = max((len(text) for text in texts), default=0)
+    table.columns[column].min_width = min(width, limit)
 
 
 def _cells(*values: object) -> list[Text]:
@@ -616,6 +646,7 @@ def resolve(
                 "simulated": resolution.platform.simulated,
                 "profile": resolution.platform.profile,
                 "device": resolution.platform.describe_device(),
+                "warnings": _warnings_so_far(),
             }
         )
         return
@@ -634,10 +665,13 @@ def resolve(
             path = f"{section}.{name}"
             mark = " *" if path in changed else ""
             table.add_row(*_cells(path + mark, _value_text(value)))
+    _keep_whole(table, 0, (f"{s}.{n} *" for s, fields in data["config"].items() for n in fields))
     console.print(table)
     changes = _table(
         f"Changes ({len(resolution.changes)})", "field", "old", "new", "source", "reason"
     )
+    _keep_whole(changes, 0, (c["path"] for c in data["changes"]))
+    _keep_whole(changes, 3, (c["source"] for c in data["changes"]))
     for change in data["changes"]:
         changes.add_row(
             *_cells(

@@ -353,17 +353,19 @@ def test_simulated_selection_leaves_torch_unimported() -> None:
     assert result.stdout.split() == ["rocm", "False"], result.stderr
 
 
-def test_trace_logs_every_hook_call(tmp_path: Path) -> None:
-    site = install(tmp_path, "vendor-npu", "vendor_npu", vendor_module())
+def test_trace_logs_every_hook_call_and_names_each_plugin(tmp_path: Path) -> None:
+    extra = "\n@hwplug.hookimpl\ndef hwplug_check_and_update_config(config, changes):\n    pass\n"
+    site = install(tmp_path, "vendor-npu", "vendor_npu", vendor_module(extra=extra))
     result = run_python(
         "import hwplug; hwplug.resolve()", paths=[site], env=clean_env(HWPLUG_TRACE="1")
     )
     assert result.returncode == 0, result.stderr
     assert "hwplug-trace:" in result.stderr
-    assert "hwplug_platforms [plugin vendor_npu]" in result.stderr
-    assert "vnpu.detect() [plugin vendor_npu]" in result.stderr
-    assert "hwplug_check_and_update_config" in result.stderr
+    assert "hwplug_platforms: plugin vendor_npu" in result.stderr
+    assert "vnpu.detect(): plugin vendor_npu" in result.stderr
+    assert "hwplug_check_and_update_config: plugin vendor_npu" in result.stderr
     assert "hwplug_verify_config" in result.stderr
+    assert "[pluginmanage]" not in result.stderr
 
 
 def test_without_trace_nothing_is_logged(tmp_path: Path) -> None:

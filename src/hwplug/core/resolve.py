@@ -33,6 +33,7 @@ import dataclasses
 import functools
 import inspect
 import json
+import logging
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
@@ -55,6 +56,9 @@ __all__ = [
 
 ENGINE = "engine"
 """Source of the changes the pipeline makes itself."""
+
+# HWPLUG_TRACE: which plugin's implementation of a config hook runs.
+_trace = logging.getLogger("hwplug.trace")
 
 # Values that mean "decide for me": a field given one of them is still unset.
 _DECIDE_FOR_ME = (None, "auto")
@@ -420,10 +424,10 @@ def _guard_implementations(hook: Any) -> None:
         for impl in hook.get_hookimpls():
             if getattr(impl.function, _GUARD_MARK, False):
                 continue
-            impl.function = _guard_function(impl.function, impl.plugin_name)
+            impl.function = _guard_function(impl.function, impl.plugin_name, hook.name)
 
 
-def _guard_function(function: Callable[..., Any], plugin: str) -> Callable[..., Any]:
+def _guard_function(function: Callable[..., Any], plugin: str, hook: str) -> Callable[..., Any]:
     if inspect.isgeneratorfunction(function):
 
         @functools.wraps(function)
@@ -431,6 +435,7 @@ def _guard_function(function: Callable[..., Any], plugin: str) -> Callable[..., 
             gen = function(*args)
             send: Any = None
             throw: BaseException | None = None
+            _trace.debug("  %s: plugin %s (wrapper)", hook, plugin)
             while True:
                 try:
                     with _as_plugin(plugin):
@@ -448,6 +453,7 @@ def _guard_function(function: Callable[..., Any], plugin: str) -> Callable[..., 
 
     @functools.wraps(function)
     def run(*args: Any) -> Any:
+        _trace.debug("  %s: plugin %s", hook, plugin)
         with _as_plugin(plugin):
             return function(*args)
 

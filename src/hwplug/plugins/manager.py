@@ -105,7 +105,10 @@ class HwplugPluginManager(pluggy.PluginManager):
             handler.setFormatter(logging.Formatter("hwplug-trace: %(message)s"))
             trace_logger.addHandler(handler)
         trace_logger.setLevel(logging.DEBUG)
-        self.trace.root.setwriter(lambda text: trace_logger.debug(text.rstrip("\n")))
+        # pluggy tags its own lines "[pluginmanage]"; the plugin is named in the line itself.
+        self.trace.root.setwriter(
+            lambda text: trace_logger.debug(text.rstrip("\n").replace(" [pluginmanage]", ""))
+        )
         self.enable_tracing()
 
     # -- failures -------------------------------------------------------------

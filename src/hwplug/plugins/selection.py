@@ -200,7 +200,7 @@ def platform_entries(pm: HwplugPluginManager) -> dict[str, PlatformEntry]:
     for outcome in outcomes:
         plugin = outcome.plugin
         dist = pm.distribution_of(plugin) or "(unregistered)"
-        pm.trace("hwplug_platforms", f"[plugin {plugin}]")
+        pm.trace(f"hwplug_platforms: plugin {plugin}")
         if outcome.error is not None:
             pm.fail(plugin, dist, "hwplug_platforms", outcome.error)
             continue
@@ -262,7 +262,7 @@ def detect(pm: HwplugPluginManager, entry: PlatformEntry) -> Candidate:
     """Ask one platform class whether its devices are present (a failure is reported)."""
     cls = entry.cls
     try:
-        pm.trace(f"{cls.name}.detect()", f"[plugin {entry.plugin}]")
+        pm.trace(f"{cls.name}.detect(): plugin {entry.plugin}")
         devices = cls.detect()
         if not isinstance(devices, list | tuple) or not all(
             isinstance(d, DeviceInfo) for d in devices
