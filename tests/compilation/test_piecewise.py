@@ -396,10 +396,7 @@ def test_inductor_compiles_the_pieces_for_real() -> None:
     x = inputs(4)
     torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-5)
     assert backend.num_pieces == 3
-    assert all(
-        isinstance(backend.pieces[n], CompiledPiece)
-        for n in backend.compiled_piece_names
-    )
+    assert all(isinstance(backend.pieces[n], CompiledPiece) for n in backend.compiled_piece_names)
 
 
 def test_repr_summarises_the_latest_graph() -> None:
