@@ -46,6 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--prompt-len", type=int, default=128)
     parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument(
         "--threads", type=int, default=None, help="torch threads (default: torch's)"
@@ -86,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
 
         # -- transformers --------------------------------------------------------------
         hf: Any = transformers.AutoModelForCausalLM.from_pretrained(
-            path, dtype=torch.float32
+            path, dtype=getattr(torch, args.dtype)
         ).eval()
 
         def hf_run(tokens: int) -> Callable[[int], float]:
@@ -108,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
 
         # -- tiny_engine ----------------------------------------------------------------
         config: dict[str, Any] = {
-            "model": {"dtype": "float32", "max_model_len": plen + new},
+            "model": {"dtype": args.dtype, "max_model_len": plen + new},
             "scheduler": {"max_num_seqs": batch, "max_num_batched_tokens": batch * plen},
             "cache": {"kv_cache_memory_bytes": 1 << 30},
         }
@@ -159,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
             "batch": batch,
             "prompt_len": plen,
             "max_tokens": new,
-            "dtype": "float32",
+            "dtype": args.dtype,
             "threads": torch.get_num_threads(),
         },
         "model": {
