@@ -10,7 +10,7 @@ Prints one JSON object:
   bytes written) and its fraction of ``--peak-gbps`` (default 4800, an H200),
   next to the torch path on the same data.
 
-Usage: ``python benchmarks/bench_kv_write.py [--tokens N] [--peak-gbps X]``.
+Usage: ``python benchmarks/bench_kv_write.py [--tokens N] [--peak-gbps X] [--threads N]``.
 """
 
 from __future__ import annotations
@@ -103,6 +103,7 @@ def bench_cpu(tokens: int, repeats: int) -> dict[str, Any]:
         "tokens": tokens,
         "num_kv_heads": 8,
         "head_size": 128,
+        "threads": torch.get_num_threads(),
         "input_dtype": "bfloat16",
         "cache_dtype": "float8_e4m3fn",
         "write_s": t_write,
@@ -143,7 +144,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--peak-gbps", type=float, default=4800.0, help="device peak memory bandwidth, GB/s"
     )
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="torch CPU threads (default: torch's choice); 1 gives steadier figures on a "
+        "machine shared with other work",
+    )
     args = parser.parse_args(argv)
+    if args.threads is not None:
+        if args.threads < 1:
+            parser.error("--threads must be positive")
+        torch.set_num_threads(args.threads)
     if args.tokens < 1 or args.gpu_tokens < 1 or args.repeats < 1 or args.peak_gbps <= 0:
         parser.error("--tokens, --gpu-tokens, --repeats and --peak-gbps must be positive")
     report: dict[str, Any] = {
