@@ -39,6 +39,7 @@ CPU_CASES = [
     ("float32", "float32"),
     ("bfloat16", "bfloat16"),
     ("bfloat16", "float8_e4m3fn"),
+    ("float32", "float8_e5m2"),
 ]
 
 
