@@ -174,10 +174,12 @@ class TorchAttentionBackend(AttentionBackend):
 class _Pages:
     """Gathers sequences' cache pages into dense ``[n, kv_heads, length, head_size]`` tensors.
 
-    fp8 pages are decoded through a 256-entry table of their values in the
-    compute dtype (exact, and several times faster on CPUs than torch's fp8
-    cast). Pages are laid out contiguously for attention unless they are
-    already fp32 (16-bit attention on CPUs is much slower on strided keys).
+    fp8 pages are decoded exactly: ``float8_e5m2`` (the top byte of a
+    float16) by torch's cast, which is fast for it, the other formats through
+    a 256-entry table of their values in the compute dtype (several times
+    faster on CPUs than torch's cast). Pages are laid out contiguously for
+    attention unless they are already fp32 (16-bit attention on CPUs is much
+    slower on strided keys).
     """
 
     def __init__(
@@ -199,7 +201,7 @@ class _Pages:
         self.dtype = dtype
         self.values: torch.Tensor | None = None
         """For an fp8 cache: the value of each code, in the compute dtype."""
-        if key_cache.dtype in FP8_FORMATS:
+        if key_cache.dtype in FP8_FORMATS and key_cache.dtype != torch.float8_e5m2:
             codes = torch.arange(256, dtype=torch.uint8, device=key_cache.device)
             self.values = codes.view(key_cache.dtype).to(dtype)
 
@@ -222,15 +224,14 @@ class _Pages:
         for cache in (self.key_cache, self.value_cache):
             # whole blocks are contiguous slices: index_select copies them wholesale
             # (fp8 as bytes: not every device indexes every fp8 dtype)
-            source = cache if self.values is None else cache.view(torch.uint8)
-            paged = source.index_select(0, table.reshape(-1))
+            source = cache.view(torch.uint8) if cache.dtype.itemsize == 1 else cache
+            paged = source.index_select(0, table.reshape(-1)).view(cache.dtype)
             dense = paged.view(n, blocks * self.block_size, *cache.shape[2:])[:, :length]
             dense = dense.transpose(1, 2)  # [n, kv_heads, length, head_size], strided
             if self.values is not None:
                 codes = torch.empty(dense.shape, dtype=torch.int32, device=dense.device)
-                codes.copy_(dense)
-                shape = dense.shape
-                dense = self.values.index_select(0, codes.view(-1)).view(shape)
+                codes.copy_(dense.view(torch.uint8))
+                dense = self.values.index_select(0, codes.view(-1)).view(codes.shape)
             elif dense.dtype != self.dtype or self.dtype != torch.float32:
                 dense = torch.empty(dense.shape, dtype=self.dtype, device=dense.device).copy_(dense)
             result.append(dense)
