@@ -6,7 +6,11 @@ STAMP := $(VENV)/.installed
 # The CPU build of torch is pinned for set-up here; pyproject.toml keeps a normal range.
 TORCH_PIN ?= torch==2.13.0
 
-.PHONY: run test lint typecheck imports bench docs docs-serve clean setup
+.PHONY: help run test lint typecheck imports bench docs docs-serve clean setup
+
+# The first target is the default: `make` alone lists the targets.
+help: ## list the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/' | expand -t 14
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -21,36 +25,37 @@ $(STAMP): $(BIN)/python pyproject.toml examples/acme_npu/pyproject.toml examples
 	$(BIN)/pip install --quiet --no-deps --no-build-isolation -e ./examples/tiny_engine
 	touch $(STAMP)
 
-setup: $(STAMP)
+setup: $(STAMP) ## create .venv and install hwplug with every extra the tests and docs need
 
-run: $(STAMP)
+run: $(STAMP) ## set up .venv, then show what hwplug sees and resolves here, and serve a tiny model
 	$(BIN)/hwplug info
 	$(BIN)/hwplug resolve
 	$(BIN)/hwplug matrix --installed
+	$(BIN)/python -m tiny_engine.demo
 
-lint: $(STAMP)
+lint: $(STAMP) ## ruff check and format check
 	$(BIN)/ruff check src tests benchmarks examples
 	$(BIN)/ruff format --check src tests benchmarks examples
 
-typecheck: $(STAMP)
+typecheck: $(STAMP) ## mypy
 	$(BIN)/mypy
 
 # The layering contracts of pyproject.toml ([tool.importlinter]).
-imports: $(STAMP)
+imports: $(STAMP) ## the import-layering contracts (lint-imports)
 	$(BIN)/lint-imports
 
 # pytest exits 5 when it collects no test: that is not a failure of the suite.
-test: lint typecheck imports
+test: lint typecheck imports ## set up, then the linters, the contracts and the whole test suite
 	$(BIN)/python -m pytest -q; rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected"; rc=0; fi; exit $$rc
 
-bench: $(STAMP)
+bench: $(STAMP) ## the benchmarks (JSON)
 	$(BIN)/python benchmarks/run_all.py
 
-docs: $(STAMP)
-	$(BIN)/mkdocs build --strict
+docs: $(STAMP) ## build the docs site (mkdocs build --strict), offline
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 
-docs-serve: $(STAMP)
+docs-serve: $(STAMP) ## serve the docs on localhost
 	$(BIN)/mkdocs serve
 
-clean:
+clean: ## remove .venv and build outputs
 	rm -rf $(VENV) site build dist .pytest_cache .mypy_cache .ruff_cache

@@ -63,6 +63,7 @@ def test_use_platform_holds_per_asyncio_task() -> None:
 
 
 SLOW_DETECT = """
+import os
 import time
 import hwplug
 from hwplug.core.platform import DeviceInfo, Platform
@@ -74,6 +75,7 @@ class SlowPlatform(Platform):
 
     @classmethod
     def detect(cls):
+        open(os.environ["SLOW_MARK"], "w").close()  # now inside detection
         time.sleep(2)
         return []
 
@@ -89,7 +91,10 @@ from hwplug.plugins import current
 
 worker = threading.Thread(target=lambda: hwplug.current_platform)
 worker.start()
-time.sleep(0.5)  # the worker is inside detection, holding the manager's lock
+deadline = time.monotonic() + 60
+while not os.path.exists(os.environ["SLOW_MARK"]) and time.monotonic() < deadline:
+    time.sleep(0.01)
+# The worker is inside detection now, holding the manager's lock.
 pid = os.fork()
 if pid == 0:
     # The child must not wait forever for the parent's lock.
@@ -113,7 +118,8 @@ def test_fork_while_another_thread_detects_does_not_deadlock(tmp_path) -> None:
         entry_points={"hwplug.platforms": {"slow_npu": "slow_npu"}},
         modules={"slow_npu.py": SLOW_DETECT},
     )
-    result = run_python(FORK_WHILE_DETECTING, paths=[site], timeout=60)
+    env = clean_env(SLOW_MARK=str(tmp_path / "inside-detect"))
+    result = run_python(FORK_WHILE_DETECTING, paths=[site], env=env, timeout=120)
     assert result.returncode == 0, result.stderr
     lines = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
     assert {"child": "cpu"} in lines

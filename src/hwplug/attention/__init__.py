@@ -1,4 +1,4 @@
-"""Attention backends (SPEC section 12): the contract, the built-ins and the registry.
+"""Attention backends: the contract, the built-ins and the registry.
 
 - :class:`AttentionBackend`: the base class of every backend;
 - :class:`AttentionMetadata`: one step's batch layout;

@@ -61,7 +61,7 @@ def _positive_int(name: str, value: object) -> int:
 
 
 class AttentionBackend:
-    """Base class of every attention backend (SPEC section 12).
+    """Base class of every attention backend.
 
     Subclasses set :attr:`name` and :attr:`graph_support`, describe what they
     serve with the rule attributes below (``None`` means "no restriction"),
@@ -253,7 +253,7 @@ class AttentionBackend:
         k_scale: float | torch.Tensor = 1.0,
         v_scale: float | torch.Tensor = 1.0,
     ) -> torch.Tensor:
-        """Write this step's keys and values to the caches, then attend (SPEC 12).
+        """Write this step's keys and values to the caches, then attend.
 
         ``query`` is ``[N, num_heads, head_size]``, ``key`` and ``value``
         ``[N, num_kv_heads, head_size]``, the caches ``[num_blocks,

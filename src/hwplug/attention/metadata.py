@@ -21,7 +21,7 @@ _FIELDS = (
 
 @dataclasses.dataclass(frozen=True)
 class AttentionMetadata:
-    """One step of a batch of B sequences, as tensors on the device (SPEC 12).
+    """One step of a batch of B sequences, as tensors on the device.
 
     ``query_start_loc`` (int32 ``[B+1]``): cumulative query lengths from 0;
     sequence b's query rows are ``query_start_loc[b]:query_start_loc[b+1]``.

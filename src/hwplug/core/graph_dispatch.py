@@ -71,7 +71,7 @@ _Dispatch = tuple[CUDAGraphMode, BatchDescriptor]
 
 
 class GraphDispatcher:
-    """Chooses the runtime graph mode and graph key of each batch (SPEC section 7).
+    """Chooses the runtime graph mode and graph key of each batch.
 
     Build it from a resolved compilation config (capture sizes and the padding
     table filled in). A uniform-decode batch takes ``cudagraph_mode.decode_mode()``,

@@ -681,7 +681,7 @@ class Platform:
         return dist.group.WORLD
 
     # ==================================================================================
-    # runtime services (SPEC 13)
+    # runtime services
     #
     # What an engine calls while it runs. Generic by ``device_type``: the base drives
     # torch's module of that name (``torch.cuda``, ``torch.xpu``, ``torch.hpu`` once

@@ -205,7 +205,7 @@ class ChangeLog:
         return getattr(part, name)
 
     def was_set(self, path: str) -> bool:
-        """Whether the user set ``section.field`` (gave it, whatever the value; SPEC 5)."""
+        """Whether the user set ``section.field`` (gave it, whatever the value)."""
         self._locate(path)
         return path in self.user_set
 
@@ -665,7 +665,7 @@ def _who_set(changes: ChangeLog, path: str) -> str:
 def _step_attention(
     config: EngineConfig, plat: Platform, changes: ChangeLog, backends: Mapping[str, Any]
 ) -> Any:
-    """Step 4b: choose or check ``attention.backend`` (SPEC 12); the chosen class or None."""
+    """Step 4b: choose or check ``attention.backend``; the chosen class or None."""
     import logging
 
     path = "attention.backend"
@@ -731,7 +731,7 @@ def _step_attention(
 def _step_fit_graph_mode(
     config: EngineConfig, plat: Platform, changes: ChangeLog, backend: Any
 ) -> None:
-    """Step 4 of SPEC 12: fit the graph mode to the attention backend's graph support."""
+    """Attention step 2: fit the graph mode to the attention backend's graph support."""
     from hwplug.core.config import CUDAGraphMode
     from hwplug.core.graph_modes import resolve_runtime_graph_mode
 

@@ -1,4 +1,4 @@
-"""The attention section: which attention backend runs (SPEC 12)."""
+"""The attention section: which attention backend runs."""
 
 from __future__ import annotations
 
