@@ -326,18 +326,23 @@ class Platform:
 
     # -- identity helpers ----------------------------------------------------
     def is_cuda(self) -> bool:
+        """Whether this is the CUDA platform (NVIDIA GPUs)."""
         return self.name == "cuda"
 
     def is_rocm(self) -> bool:
+        """Whether this is the ROCm platform (AMD GPUs)."""
         return self.name == "rocm"
 
     def is_cpu(self) -> bool:
+        """Whether this is the CPU platform."""
         return self.name == "cpu"
 
     def is_hpu(self) -> bool:
+        """Whether this is the HPU platform (Intel Gaudi)."""
         return self.name == "hpu"
 
     def is_xpu(self) -> bool:
+        """Whether this is the XPU platform (Intel GPUs)."""
         return self.name == "xpu"
 
     def is_cuda_alike(self) -> bool:
