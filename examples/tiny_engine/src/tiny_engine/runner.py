@@ -15,13 +15,13 @@ the whole (compiled) model in the platform's graph wrapper.
 
 from __future__ import annotations
 
-import functools
 import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 
+from hwplug.compilation import PiecewiseBackend
 from hwplug.core.config import CUDAGraphMode, EngineConfig
 from hwplug.core.graphs import (
     BatchDescriptor,
@@ -73,7 +73,7 @@ class ModelRunner:
         wrapper_cls = platform.graph_wrapper_cls()
         if wrapper_cls is not None and device.type != platform.device_type:
             self.graph_backend = _recording_backend()
-        self.dispatcher = GraphDispatcher(config.compilation, max_num_seqs=self.max_num_seqs)
+        self.dispatcher = GraphDispatcher.from_config(config)
         self.max_tokens = max(sched.max_num_batched_tokens, self.dispatcher.max_capture_size)
 
         def buffer(*shape: int, dtype: torch.dtype) -> torch.Tensor:
@@ -114,9 +114,14 @@ class ModelRunner:
             # a piecewise graph replays its captured inputs unless it copies them in.
             comp = comp.copy()
             comp.cudagraph_copy_inputs = True
-        backend = comp.init_backend(self.config)
-        if level == 3 and self.graph_backend is not None:
-            backend = _bind_graph_backend(backend, self.graph_backend)
+        backend: Any
+        if level == 3:
+            # hwplug's piecewise backend, for this engine's platform and graph backend.
+            backend = PiecewiseBackend(
+                comp, self.config, platform=self.platform, graph_backend=self.graph_backend
+            )
+        else:
+            backend = comp.init_backend(self.config)
         options = None
         if backend == "inductor" and comp.inductor_compile_config:
             # Levels 1-2 hand Inductor a name: its options travel with torch.compile.
@@ -297,28 +302,7 @@ class ModelRunner:
 
 def _recording_backend() -> GraphBackend:
     """hwplug's CPU test double for device graphs."""
-    try:
-        from hwplug.testing import RecordingGraphBackend
-    except ImportError:  # hwplug before the testing module
-        from hwplug.core.graphs import RecordingGraphBackend  # type: ignore[attr-defined,no-redef]
+    from hwplug.testing import RecordingGraphBackend
+
     backend: GraphBackend = RecordingGraphBackend()
-    return backend
-
-
-def _bind_graph_backend(backend: Any, graph_backend: GraphBackend) -> Any:
-    """Make hwplug's piecewise backend wrap its pieces with ``graph_backend``."""
-    from hwplug.compilation.piecewise import PiecewiseBackend
-
-    if not isinstance(backend, PiecewiseBackend):
-        return backend
-    # WORKAROUND (hwplug defect): PiecewiseBackend takes its graph wrapper class from
-    # hwplug.current_platform and lets it pick its default (device) graph backend;
-    # there is no argument through which an engine passes its platform or a backend.
-    find_wrapper = backend._wrapper_cls
-
-    def bound() -> Callable[..., Any] | None:
-        cls = find_wrapper()
-        return None if cls is None else functools.partial(cls, backend=graph_backend)
-
-    backend._wrapper_cls = bound  # type: ignore[method-assign]
     return backend
