@@ -160,3 +160,30 @@ def test_accelerator_without_torch_runtime_says_what_is_missing() -> None:
 
     with pytest.raises(RuntimeError, match=r"torch\.orphandev\.synchronize"):
         Orphan([DeviceInfo("x")]).synchronize()
+
+
+def test_peak_memory_usage_on_the_host_is_the_resident_memory() -> None:
+    from hwplug.platforms.cpu import CpuPlatform
+
+    cpu = CpuPlatform(CpuPlatform.detect())
+    assert cpu.peak_memory_usage() >= 1
+    assert CpuPlatform.simulate("cpu-generic").peak_memory_usage() == 0
+
+
+def test_a_real_vendor_device_reports_torchs_allocated_memory(monkeypatch) -> None:
+    import types
+
+    import torch
+
+    from hwplug.core.platform import DeviceInfo, Platform
+
+    class Npu(Platform):
+        name = "npu"
+        device_type = "fakenpu"
+
+    fake = types.SimpleNamespace(memory_allocated=lambda i: 123, max_memory_allocated=lambda i: 456)
+    monkeypatch.setattr(torch, "fakenpu", fake, raising=False)
+    npu = Npu([DeviceInfo("Fake NPU", 1 << 30)])
+    assert npu.get_current_memory_usage() == 123
+    assert npu.peak_memory_usage() == 456
+    assert Npu([DeviceInfo("Fake NPU", 1 << 30)], simulated=True).get_current_memory_usage() == 0

@@ -405,12 +405,38 @@ class Platform:
         return self._device(i).total_memory
 
     def get_current_memory_usage(self, i: int = 0) -> int:
-        """Bytes currently in use on device ``i``.
+        """Bytes this process holds on device ``i``.
 
-        Simulated devices are idle: 0. Real platforms override this.
+        Simulated devices are idle: 0. On a real device the base asks
+        ``torch.<device_type>.memory_allocated`` (0 where torch has no such
+        module); built-in platforms ask their management library first, and the
+        CPU reports this process's resident memory.
         """
         self._device(i)
-        return 0
+        if self.simulated or self.device_type in ("", "cpu"):
+            return 0
+        try:
+            module = self._runtime_module("memory usage", "memory_allocated")
+        except RuntimeError:
+            return 0
+        return int(module.memory_allocated(i))
+
+    def peak_memory_usage(self, i: int = 0) -> int:
+        """The most bytes this process has held on device ``i`` since the last reset
+        (``torch.<device_type>.max_memory_allocated``): what a profile run needs,
+        activations included. The CPU, without a peak counter, reports the current
+        usage; simulated devices 0.
+        """
+        self._device(i)
+        if self.simulated:
+            return 0
+        if self.device_type in ("", "cpu"):
+            return self.get_current_memory_usage(i)
+        try:
+            module = self._runtime_module("peak memory usage", "max_memory_allocated")
+        except RuntimeError:
+            return self.get_current_memory_usage(i)
+        return int(module.max_memory_allocated(i))
 
     # -- KV cache ---------------------------------------------------------------
     def default_block_size(self, config: EngineConfig) -> int:
