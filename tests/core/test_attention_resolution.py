@@ -11,21 +11,6 @@ from hwplug.attention import AttentionBackend, TorchAttentionBackend, available_
 from hwplug.core.config import CUDAGraphMode, EngineConfig
 from hwplug.core.graphs import AttentionGraphSupport
 from hwplug.core.resolve import ChangeLog
-from hwplug.plugins import manager
-
-
-@pytest.fixture
-def registered():
-    pm = manager.get_plugin_manager()
-    names: list[str] = []
-
-    def register(plugin: object, name: str) -> None:
-        pm.register(plugin, name=name)
-        names.append(name)
-
-    yield register
-    for name in names:
-        pm.unregister(name=name)
 
 
 def resolve(profile: str, **sections: dict[str, object]) -> hwplug.Resolution:

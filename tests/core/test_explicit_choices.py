@@ -21,23 +21,6 @@ from hwplug.core.config import (
     SchedulerConfig,
 )
 from hwplug.core.resolve import ChangeLog, user_set_fields
-from hwplug.plugins import manager
-
-
-@pytest.fixture
-def registered():
-    """Register hook objects on the process's plugin manager for one test."""
-    pm = manager.get_plugin_manager()
-    names: list[str] = []
-
-    def register(plugin: object, name: str) -> None:
-        pm.register(plugin, name=name)
-        names.append(name)
-
-    yield register
-    for name in names:
-        pm.unregister(name=name)
-
 
 # --------------------------------------------------------------------------- given, not value
 
