@@ -16,8 +16,9 @@ Prints one JSON object:
   CUDA graph, replayed on new tokens, lengths and scales, against an eager
   forward (``ok`` when bit-identical). The exit status is 1 when it is not.
 
-Usage: ``python benchmarks/bench_attention.py [--seqs N] [--context N] [--repeats N]
-[--threads N]``.
+Usage: ``python benchmarks/bench_attention.py [--seqs N] [--context N] [--repeats N]``.
+On a machine shared with other work, ``OMP_NUM_THREADS=1`` in the environment
+gives steadier CPU figures.
 """
 
 from __future__ import annotations
@@ -78,8 +79,9 @@ def decode_step(
 
 def interleaved_medians(fns: list[Callable[[], object]], repeats: int) -> list[float]:
     """Median seconds of each function, run in turn so all see the same machine state."""
-    for fn in fns:
-        fn()  # warm up (and compile)
+    for _ in range(3):  # warm up: compile, and let the allocator settle
+        for fn in fns:
+            fn()
     times: list[list[float]] = [[] for _ in fns]
     for _ in range(repeats):
         for fn, samples in zip(fns, times):
@@ -251,18 +253,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--gpu-seqs", type=int, default=64)
     parser.add_argument("--gpu-context", type=int, default=4096)
     parser.add_argument("--repeats", type=int, default=9)
-    parser.add_argument(
-        "--threads",
-        type=int,
-        default=None,
-        help="torch CPU threads (default: torch's choice); 1 gives steadier figures on a "
-        "machine shared with other work",
-    )
     args = parser.parse_args(argv)
-    if args.threads is not None:
-        if args.threads < 1:
-            parser.error("--threads must be positive")
-        torch.set_num_threads(args.threads)
     if min(args.seqs, args.context, args.gpu_seqs, args.gpu_context, args.repeats) < 1:
         parser.error("--seqs, --context, --gpu-seqs, --gpu-context and --repeats must be positive")
     report: dict[str, Any] = {

@@ -10,7 +10,9 @@ Prints one JSON object:
   bytes written) and its fraction of ``--peak-gbps`` (default 4800, an H200),
   next to the torch path on the same data.
 
-Usage: ``python benchmarks/bench_kv_write.py [--tokens N] [--peak-gbps X] [--threads N]``.
+Usage: ``python benchmarks/bench_kv_write.py [--tokens N] [--peak-gbps X]``.
+On a machine shared with other work, ``OMP_NUM_THREADS=1`` in the environment
+gives steadier CPU figures.
 """
 
 from __future__ import annotations
@@ -144,18 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--peak-gbps", type=float, default=4800.0, help="device peak memory bandwidth, GB/s"
     )
-    parser.add_argument(
-        "--threads",
-        type=int,
-        default=None,
-        help="torch CPU threads (default: torch's choice); 1 gives steadier figures on a "
-        "machine shared with other work",
-    )
     args = parser.parse_args(argv)
-    if args.threads is not None:
-        if args.threads < 1:
-            parser.error("--threads must be positive")
-        torch.set_num_threads(args.threads)
     if args.tokens < 1 or args.gpu_tokens < 1 or args.repeats < 1 or args.peak_gbps <= 0:
         parser.error("--tokens, --gpu-tokens, --repeats and --peak-gbps must be positive")
     report: dict[str, Any] = {

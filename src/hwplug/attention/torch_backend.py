@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 
 __all__ = ["TorchAttentionBackend"]
 
-_GATHER_BYTES = 8 << 20
+_GATHER_BYTES = 2 << 20
 """Most bytes of gathered keys (and as many of values) one batched decode call holds."""
 
 
