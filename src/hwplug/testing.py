@@ -73,10 +73,17 @@ class RecordingGraphBackend:
         return graph, output
 
     def replay(self, graph: RecordedGraph, output: Any) -> Any:
+        """Run the call again and write its values into the captured ``output``.
+
+        As a device graph does: a replay refreshes the output buffers of the
+        capture rather than making new ones, so code that keeps reading them
+        (the next piece of a split graph) sees this replay's values.
+        """
         graph.replays += 1
         self.replays.append(graph.key)
         self.events.append(("replay", graph.key))
-        return graph.fn()
+        fresh = graph.fn()
+        return _write_into(output, fresh)
 
     def weak_ref(self, output: Any) -> Any:
         self.weak_refs += 1
@@ -84,3 +91,30 @@ class RecordingGraphBackend:
 
     def synchronize(self) -> None:
         self.synchronizations += 1
+
+
+def _write_into(static: Any, fresh: Any) -> Any:
+    """Copy the tensors of ``fresh`` into those of ``static`` (same structure); return
+    ``static``. Anything that is not a same-shaped tensor pair is replaced by ``fresh``."""
+    import torch
+
+    if isinstance(static, torch.Tensor) and isinstance(fresh, torch.Tensor):
+        # Views of a multi-output op (a split) cannot be written in place: those
+        # come back fresh, like any output that changed shape.
+        if (
+            static.shape == fresh.shape
+            and static.dtype == fresh.dtype
+            and static._base is None
+            and not static.requires_grad
+        ):
+            static.copy_(fresh)
+            return static
+        return fresh
+    if (
+        isinstance(static, list | tuple)
+        and isinstance(fresh, list | tuple)
+        and len(static) == len(fresh)
+    ):
+        items = [_write_into(a, b) for a, b in zip(static, fresh)]
+        return type(static)(items) if isinstance(static, tuple) else items
+    return fresh

@@ -69,6 +69,7 @@ def test_default_config_on_h100_changes_and_sources() -> None:
     assert resolution.config.compilation.splitting_ops == [
         *CompilationConfig._attention_ops,
         "hwplug.unified_attention",
+        "hwplug.unified_attention_with_output",
     ]
     assert resolution.config.attention.backend == "triton"
     assert all(c.reason for c in resolution.changes)

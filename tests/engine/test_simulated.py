@@ -91,7 +91,8 @@ def test_simulated_h100_runs_its_resolved_flow_on_cpu(small: Path) -> None:
 def test_piecewise_graphs_split_at_hwplug_attention_give_the_same_tokens(small: Path) -> None:
     """Pieces replayed around the eager attention op read this step's values."""
     run = _run(
-        small, {"cudagraph_mode": "PIECEWISE", "splitting_ops": ["hwplug.unified_attention"]}
+        small,
+        {"cudagraph_mode": "PIECEWISE", "splitting_ops": ["hwplug.unified_attention_with_output"]},
     )
     assert run["stats"]["cudagraph_mode"] == "PIECEWISE"
     assert run["captured"] == ["PIECEWISE"]

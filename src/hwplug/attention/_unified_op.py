@@ -12,7 +12,13 @@ import torch
 from hwplug.attention.base import AttentionBackend
 from hwplug.attention.metadata import AttentionMetadata
 
-__all__ = ["OP", "as_scale_tensor", "unified_attention_op"]
+__all__ = [
+    "OP",
+    "OP_WITH_OUTPUT",
+    "as_scale_tensor",
+    "unified_attention_op",
+    "unified_attention_with_output_op",
+]
 
 
 @functools.lru_cache(maxsize=256)
@@ -97,8 +103,61 @@ def _(
     return torch.empty_like(query)
 
 
+@torch.library.custom_op(
+    "hwplug::unified_attention_with_output",
+    mutates_args=("output", "key_cache", "value_cache"),
+)
+def unified_attention_with_output_op(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    output: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    seq_lens: torch.Tensor,
+    block_table: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    k_scale: torch.Tensor,
+    v_scale: torch.Tensor,
+    backend: str,
+    scale: float,
+    sliding_window: int | None,
+) -> None:
+    """As ``hwplug::unified_attention``, writing the result into ``output``.
+
+    The buffer comes from the code before the op (inside the compiled piece),
+    so under piecewise graphs the piece after it always reads the same memory.
+    """
+    if output.shape != query.shape:
+        raise ValueError(
+            "hwplug::unified_attention_with_output: output must have the query's shape "
+            f"{list(query.shape)}; got {list(output.shape)}"
+        )
+    output.copy_(
+        unified_attention_op(
+            query,
+            key,
+            value,
+            key_cache,
+            value_cache,
+            query_start_loc,
+            seq_lens,
+            block_table,
+            slot_mapping,
+            k_scale,
+            v_scale,
+            backend,
+            scale,
+            sliding_window,
+        )
+    )
+
+
 OP = torch.ops.hwplug.unified_attention
 """``torch.ops.hwplug.unified_attention``: what traced graphs call."""
+OP_WITH_OUTPUT = torch.ops.hwplug.unified_attention_with_output
+"""``torch.ops.hwplug.unified_attention_with_output``: the variant that writes into a buffer."""
 
 
 def as_scale_tensor(scale: "float | torch.Tensor", like: torch.Tensor) -> torch.Tensor:

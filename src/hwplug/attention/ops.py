@@ -18,10 +18,12 @@ if TYPE_CHECKING:
 
     from hwplug.attention.metadata import AttentionMetadata
 
-__all__ = ["OP_NAME", "register_unified_attention", "unified_attention"]
+__all__ = ["OP_NAME", "OP_WITH_OUTPUT_NAME", "register_unified_attention", "unified_attention"]
 
 OP_NAME = "hwplug::unified_attention"
 """The custom op's qualified name (``hwplug.unified_attention`` in splitting ops)."""
+OP_WITH_OUTPUT_NAME = "hwplug::unified_attention_with_output"
+"""The variant that writes into an output buffer (``unified_attention(..., out=buffer)``)."""
 
 _op: Any = None
 
@@ -57,6 +59,7 @@ def unified_attention(
     sliding_window: int | None = None,
     k_scale: float | torch.Tensor = 1.0,
     v_scale: float | torch.Tensor = 1.0,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Attention of one layer for one step, through the ``hwplug::unified_attention`` op.
 
@@ -65,9 +68,35 @@ def unified_attention(
     and built for the heads of ``query`` and ``key``, ``scale``,
     ``sliding_window`` and the caches' dtype. Float scales become 0-d
     tensors on the query's device (a fill, not a host-to-device copy).
+
+    With ``out`` (a tensor of the query's shape, made by the code before the
+    call, such as ``torch.empty_like(query)``) the result is written there
+    through ``hwplug::unified_attention_with_output`` and ``out`` is returned:
+    under piecewise graphs the piece after attention then reads the same
+    memory on every replay, as the graph it was captured with expects.
     """
     op = _op if _op is not None else register_unified_attention()
-    from hwplug.attention._unified_op import as_scale_tensor
+    from hwplug.attention._unified_op import OP_WITH_OUTPUT, as_scale_tensor
+
+    if out is not None:
+        OP_WITH_OUTPUT(
+            query,
+            key,
+            value,
+            out,
+            key_cache,
+            value_cache,
+            metadata.query_start_loc,
+            metadata.seq_lens,
+            metadata.block_table,
+            metadata.slot_mapping,
+            as_scale_tensor(k_scale, query),
+            as_scale_tensor(v_scale, query),
+            backend,
+            float(scale),
+            sliding_window,
+        )
+        return out
 
     result: torch.Tensor = op(
         query,

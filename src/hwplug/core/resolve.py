@@ -796,7 +796,8 @@ def _modes_that_fit(config: EngineConfig, plat: Platform, support: Any) -> list[
     return kept
 
 
-_HWPLUG_ATTENTION_OP = "hwplug.unified_attention"
+# hwplug's attention op and its variant that writes into an output buffer.
+_HWPLUG_ATTENTION_OPS = ("hwplug.unified_attention", "hwplug.unified_attention_with_output")
 
 
 def _step_finalise(
@@ -824,15 +825,16 @@ def _step_finalise(
             if changes.was_set(path):
                 raise ConfigError(_splitting_conflict(path, before[path], after, comp))
             changes.note(path, before[path], copy.deepcopy(after), _splitting_reason(path, comp))
+        missing = [op for op in _HWPLUG_ATTENTION_OPS if op not in (comp.splitting_ops or [])]
         if (
             backend is not None
             and comp.splitting_ops
             and not changes.was_set("compilation.splitting_ops")
-            and _HWPLUG_ATTENTION_OP not in comp.splitting_ops
+            and missing
         ):
             changes.record(
                 "compilation.splitting_ops",
-                [*comp.splitting_ops, _HWPLUG_ATTENTION_OP],
+                [*comp.splitting_ops, *missing],
                 f"split at hwplug's attention op too (the {backend.name} backend runs in it)",
                 source=ENGINE,
             )

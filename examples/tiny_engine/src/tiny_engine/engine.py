@@ -244,11 +244,12 @@ class LLM:
             layer.value_cache = torch.zeros(shape, dtype=self.cache_dtype, device=self.device)
 
     def _memory_in_use(self) -> int:
-        """Bytes this process holds on the device (0 where the device is not real)."""
+        """The most bytes this process has held on the device (0 where it is not real):
+        after the profile run, activations included."""
         if not self._live:
             return 0
         self.platform.synchronize()
-        return int(self.platform.get_current_memory_usage(0))
+        return int(self.platform.peak_memory_usage(0))
 
     # -- generation -------------------------------------------------------------------------
     def _check_prompts(self, prompts: Sequence[Sequence[int]], max_tokens: int) -> None:

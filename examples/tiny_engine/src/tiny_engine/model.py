@@ -127,8 +127,11 @@ class SelfAttention(nn.Module):
             self.k_scale.copy_(k_scale)
             self.v_scale.copy_(v_scale)
             self.calculate_scales = False
+        q = q.contiguous()
+        # The output buffer is made here, inside the compiled piece before the op, so
+        # under piecewise graphs the next piece reads the same memory on every replay.
         out = unified_attention(
-            q.contiguous(),
+            q,
             k,
             v,
             self.key_cache,
@@ -139,6 +142,7 @@ class SelfAttention(nn.Module):
             sliding_window=self.sliding_window,
             k_scale=self.k_scale,
             v_scale=self.v_scale,
+            out=torch.empty_like(q),
         )
         return self.o_proj(out.reshape(-1, self.q_size))
 

@@ -104,16 +104,6 @@ class ModelRunner:
         level = int(comp.level or 0)
         if level == 0:
             return self.model
-        if (
-            level == 3
-            and CUDAGraphMode.PIECEWISE in self.dispatcher.runtime_modes
-            and not comp.cudagraph_copy_inputs
-        ):
-            # WORKAROUND (hwplug defect): hwplug::unified_attention returns a new tensor
-            # on every call, so the piece after it is handed a different buffer each step;
-            # a piecewise graph replays its captured inputs unless it copies them in.
-            comp = comp.copy()
-            comp.cudagraph_copy_inputs = True
         backend: Any
         if level == 3:
             # hwplug's piecewise backend, for this engine's platform and graph backend.
