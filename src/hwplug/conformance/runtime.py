@@ -1,1 +1,423 @@
+"""Runtime checks: the platform's KV cache, attention and graphs compute the right thing.
+
+A simulated profile runs them on CPU tensors (what the platform's configuration
+would do, computed by the CPU); a real device runs them on the device.
+"""
+
 from __future__ import annotations
+
+import importlib.util
+import os
+import tempfile
+from typing import TYPE_CHECKING, Any
+
+from hwplug.conformance.base import (
+    CheckContext,
+    CheckFailed,
+    CheckSkipped,
+    ResolutionBlocked,
+    check,
+)
+from hwplug.core.errors import ConfigError, error_line
+
+if TYPE_CHECKING:
+    import torch
+
+    from hwplug.attention import AttentionBackend, AttentionMetadata
+    from hwplug.core.config import EngineConfig
+    from hwplug.core.platform import Platform
+
+__all__: list[str] = []
+
+_TOLERANCE = {"float32": 1e-4, "bfloat16": 2e-2, "float16": 2e-2}
+_BATCHES = {
+    "prefill": ([12, 7], [12, 7]),
+    "chunked prefill": ([30], [6]),
+    "decode": ([9, 33, 17, 1], [1, 1, 1, 1]),
+    "mixed": ([20, 5, 41], [1, 5, 4]),
+}
+
+
+def _device(context: CheckContext) -> str:
+    if context.device is None:
+        raise CheckSkipped(context.runtime_problem or "no device to run on")
+    return context.device
+
+
+def _resolved(platform: Platform, context: CheckContext, data: dict[str, Any]) -> EngineConfig:
+    from hwplug.core.config import EngineConfig
+
+    cached = context.cache.get(repr(data))
+    if cached is not None:
+        return cached  # type: ignore[no-any-return]
+    try:
+        config = context.resolve(platform, EngineConfig.from_dict(data)).config
+    except ResolutionBlocked as exc:
+        raise CheckSkipped(str(exc)) from None
+    except ConfigError as exc:
+        raise CheckFailed(f"the config {data} does not resolve: {error_line(exc)}") from exc
+    context.cache[repr(data)] = config
+    return config
+
+
+def _quiet_transformers() -> None:
+    try:
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
+    except Exception:  # an old or unusual transformers: its progress bar is harmless
+        pass
+
+
+def _torch_dtype(name: str) -> torch.dtype:
+    import torch
+
+    dtype = getattr(torch, name)
+    assert isinstance(dtype, torch.dtype)
+    return dtype
+
+
+# --------------------------------------------------------------------------- T01
+
+
+@check(
+    "T01",
+    "KV cache write and gather round-trip",
+    protects="a KV cache that gives back other values than it was given.",
+    kind="runtime",
+)
+def kv_round_trip(platform: Platform, context: CheckContext) -> None:
+    """For every advertised cache dtype: what ``write_kv_cache`` stores,
+    ``gather_kv_cache`` reads back (fp8: within one rounding step)."""
+    import torch
+
+    from hwplug.core.kv_cache import cache_dtype_to_torch
+    from hwplug.kernels import FP8_FORMATS, gather_kv_cache, write_kv_cache
+
+    device = _device(context)
+    config = _resolved(platform, context, {})
+    block_size = config.cache.block_size or platform.supported_block_sizes()[0]
+    gen = torch.Generator().manual_seed(context.seed)
+    problems = []
+    for name in platform.supported_cache_dtypes():
+        dtype = cache_dtype_to_torch(name, config.model.dtype, platform)
+        num_blocks, tokens, heads, size = 4, min(3 * block_size, 40), 2, 16
+        key = torch.randn(tokens, heads, size, generator=gen)
+        value = torch.randn(tokens, heads, size, generator=gen)
+        slots = torch.randperm(num_blocks * block_size, generator=gen)[:tokens]
+        shape = (num_blocks, block_size, heads, size)
+        kc = torch.zeros(shape, dtype=dtype, device=device)
+        vc = torch.zeros(shape, dtype=dtype, device=device)
+        fp8 = dtype in FP8_FORMATS
+        ks, vs = (0.05, 0.07) if fp8 else (1.0, 1.0)
+        write_kv_cache(
+            key.to(device), value.to(device), kc, vc, slots.to(device), ks, vs, backend="torch"
+        )
+        got_k, got_v = gather_kv_cache(
+            kc, vc, slots.to(device), ks, vs, dtype=torch.float32, backend="torch"
+        )
+        for what, want, got, scale in (("key", key, got_k, ks), ("value", value, got_v, vs)):
+            got = got.cpu()
+            if fp8:
+                info = torch.finfo(dtype)
+                bound = want.abs() * info.eps + info.tiny * scale
+                worst = ((got - want).abs() - bound).max().item()
+                if worst > 0:
+                    problems.append(
+                        f"{name} ({dtype}): {what} read back off by more than one rounding step"
+                    )
+            elif not torch.equal(got, want.to(dtype).to(torch.float32)):
+                problems.append(f"{name} ({dtype}): {what} read back differs from what was written")
+    if problems:
+        raise CheckFailed("; ".join(problems))
+
+
+# --------------------------------------------------------------------------- T02
+
+
+def reference_attention(
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    metadata: AttentionMetadata,
+    *,
+    scale: float,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
+) -> torch.Tensor:
+    """Causal paged attention in float64 over what the caches hold (dequantised)."""
+    import torch
+
+    from hwplug.kernels import FP8_FORMATS
+
+    fp8 = key_cache.dtype in FP8_FORMATS
+    ks, vs = (k_scale, v_scale) if fp8 else (1.0, 1.0)
+    query, key_cache, value_cache = query.cpu(), key_cache.cpu(), value_cache.cpu()
+    block_size = key_cache.shape[1]
+    group = query.shape[1] // key_cache.shape[2]
+    starts = metadata.query_start_loc.tolist()
+    lens = metadata.seq_lens.tolist()
+    table = metadata.block_table.cpu().to(torch.int64)
+    keys = key_cache.reshape(-1, *key_cache.shape[2:])
+    values = value_cache.reshape(-1, *value_cache.shape[2:])
+    out = torch.zeros((starts[-1], *query.shape[1:]), dtype=torch.float64)
+    for b, seq_len in enumerate(lens):
+        start, end = starts[b], starts[b + 1]
+        if end == start:
+            continue
+        positions = torch.arange(seq_len)
+        slots = table[b, positions // block_size] * block_size + positions % block_size
+        k = (keys[slots].to(torch.float64) * ks).repeat_interleave(group, dim=1)
+        v = (values[slots].to(torch.float64) * vs).repeat_interleave(group, dim=1)
+        q = query[start:end].to(torch.float64)
+        q_pos = torch.arange(seq_len - (end - start), seq_len)
+        visible = positions[None, :] <= q_pos[:, None]
+        scores = torch.einsum("qhd,khd->hqk", q, k) * scale
+        scores = scores.masked_fill(~visible[None], float("-inf"))
+        out[start:end] = torch.einsum("hqk,khd->qhd", scores.softmax(-1), v)
+    return out
+
+
+def _backend_problem(backend: type[AttentionBackend], device: str) -> str | None:
+    from hwplug.attention import TritonAttentionBackend
+
+    if issubclass(backend, TritonAttentionBackend) and device == "cpu":
+        if os.environ.get("TRITON_INTERPRET") != "1":
+            return "Triton runs on CPU tensors only under TRITON_INTERPRET=1"
+        if importlib.util.find_spec("triton") is None:
+            return "triton is not installed"
+    return None
+
+
+def _attend(
+    backend: type[AttentionBackend],
+    lengths: tuple[list[int], list[int]],
+    *,
+    block_size: int,
+    dtype: torch.dtype,
+    cache_dtype: torch.dtype,
+    head_size: int,
+    device: str,
+    seed: int,
+) -> float:
+    """Run one batch through ``backend``; the largest error against the reference."""
+    import torch
+
+    from hwplug.attention import AttentionMetadata
+    from hwplug.kernels import FP8_FORMATS
+
+    seq_lens, query_lens = lengths
+    heads, kv_heads = 4, 2
+    gen = torch.Generator().manual_seed(seed)
+    needed = [-(-n // block_size) for n in seq_lens]
+    num_blocks = sum(needed) + 2
+    order = torch.randperm(num_blocks, generator=gen).tolist()
+    table, used = [], 0
+    for n in needed:
+        table.append(order[used : used + n])
+        used += n
+    metadata = AttentionMetadata.from_lengths(
+        seq_lens, query_lens, table, block_size, num_tokens=sum(query_lens)
+    ).to(device)
+    n = sum(query_lens)
+    shape = (num_blocks, block_size, kv_heads, head_size)
+    key_cache = torch.randn(shape, generator=gen).to(cache_dtype).to(device)
+    value_cache = torch.randn(shape, generator=gen).to(cache_dtype).to(device)
+    query = torch.randn(n, heads, head_size, generator=gen).to(dtype).to(device)
+    key = torch.randn(n, kv_heads, head_size, generator=gen).to(dtype).to(device)
+    value = torch.randn(n, kv_heads, head_size, generator=gen).to(dtype).to(device)
+    fp8 = cache_dtype in FP8_FORMATS
+    ks, vs = (0.5, 0.5) if fp8 else (1.0, 1.0)
+    scale = head_size**-0.5
+    impl = backend(heads, head_size, kv_heads, scale, cache_dtype=cache_dtype)
+    out = impl.forward(query, key, value, key_cache, value_cache, metadata, k_scale=ks, v_scale=vs)
+    want = reference_attention(
+        query, key_cache, value_cache, metadata, scale=scale, k_scale=ks, v_scale=vs
+    )
+    if out.shape != query.shape or out.dtype != dtype:
+        raise CheckFailed(
+            f"the {backend.name} backend returned {tuple(out.shape)} {out.dtype}, "
+            f"expected {tuple(query.shape)} {dtype}"
+        )
+    got = out[: want.shape[0]].cpu().to(torch.float64)
+    return float((got - want).abs().max().item()) if want.numel() else 0.0
+
+
+@check(
+    "T02",
+    "Attention backends match a float64 reference",
+    protects="an attention backend that computes wrong outputs for some batch shape.",
+    kind="runtime",
+)
+def attention_matches_reference(platform: Platform, context: CheckContext) -> None:
+    """Every backend of the platform's order, on prefill, chunked prefill, decode and mixed
+    batches at each advertised block size (model dtype cache) and on a mixed batch per
+    other advertised cache dtype."""
+    from hwplug.attention import available_backends
+    from hwplug.core.kv_cache import cache_dtype_to_torch
+
+    device = _device(context)
+    config = _resolved(platform, context, {})
+    installed = available_backends()
+    model_dtype = config.model.dtype
+    dtype = _torch_dtype(model_dtype)
+    head_size = 64
+    ran: list[str] = []
+    for name in platform.attention_backends(config):
+        backend = installed.get(name)
+        if backend is None:
+            raise CheckFailed(f"attention backend {name!r} is not installed (see R13)")
+        why = _backend_problem(backend, device) or backend.problem(config, platform)
+        if why is not None:
+            context.note(f"{name} not run: {why}")
+            continue
+        cases: list[tuple[str, int, str]] = [
+            (kind, size, "auto") for size in platform.supported_block_sizes() for kind in _BATCHES
+        ]
+        default_block = config.cache.block_size or platform.supported_block_sizes()[0]
+        cases += [
+            ("mixed", default_block, c)
+            for c in platform.supported_cache_dtypes()
+            if c != "auto" and (backend.cache_dtypes is None or c in backend.cache_dtypes)
+        ]
+        for kind, size, cache_name in cases:
+            if backend.block_sizes is not None and size not in backend.block_sizes:
+                context.note(f"{name} does not serve block size {size}")
+                continue
+            cache_dtype = cache_dtype_to_torch(cache_name, model_dtype, platform)
+            error = _attend(
+                backend,
+                _BATCHES[kind],
+                block_size=size,
+                dtype=dtype,
+                cache_dtype=cache_dtype,
+                head_size=head_size,
+                device=device,
+                seed=context.seed,
+            )
+            limit = _TOLERANCE.get(model_dtype, 2e-2)
+            if not error <= limit:
+                raise CheckFailed(
+                    f"the {name} backend is off by {error:.3g} (> {limit:g}) on a {kind} batch "
+                    f"at block size {size}, cache dtype {cache_name} ({cache_dtype}), "
+                    f"model dtype {model_dtype}"
+                )
+        ran.append(name)
+    if not ran:
+        raise CheckSkipped("; ".join(context.notes) or "the platform names no attention backend")
+
+
+# --------------------------------------------------------------------------- T03
+
+
+@check(
+    "T03",
+    "Graph capture and replay match eager",
+    protects="replayed device graphs that give other outputs than the eager model.",
+    kind="runtime",
+)
+def graphs_match_eager(platform: Platform, context: CheckContext) -> None:
+    """Capture every key the dispatcher plans through the platform's wrapper (the
+    recording backend on CPU tensors), replay each, and compare with the eager call."""
+    import torch
+
+    from hwplug.core.config import CUDAGraphMode
+    from hwplug.core.graphs import GraphDispatcher, capture_graphs, graph_context
+
+    device = _device(context)
+    try:
+        has_graphs = platform.has_device_graphs()
+    except Exception as exc:
+        raise CheckFailed(f"has_device_graphs() raised {error_line(exc)} (see R12)") from exc
+    if not has_graphs:
+        raise CheckSkipped(f"the {platform.name} platform captures no device graphs")
+    wrapper_cls = platform.graph_wrapper_cls()
+    assert wrapper_cls is not None
+    config = _resolved(
+        platform,
+        context,
+        {"scheduler": {"max_num_seqs": 4, "cuda_graph_sizes": [16]}},
+    )
+    mode = config.compilation.cudagraph_mode
+    if mode is None or mode == CUDAGraphMode.NONE:
+        raise CheckSkipped(f"resolution plans no graphs on {platform.name} (cudagraph_mode NONE)")
+    graph_backend: Any = None
+    if platform.simulated:
+        from hwplug.testing import RecordingGraphBackend
+
+        graph_backend = RecordingGraphBackend()
+
+    def eager(x: torch.Tensor) -> torch.Tensor:
+        return x * 2 + 1
+
+    dispatcher = GraphDispatcher.from_config(config)
+    plan = dispatcher.capture_keys()
+    planned = [(m, k) for m, keys in plan.items() if m != CUDAGraphMode.NONE for k in keys]
+    if not planned:
+        raise CheckSkipped("the dispatcher plans no graph")
+    # PIECEWISE wrapper inside, FULL outside: each captures under its own mode only.
+    model: Any = eager
+    for runtime_mode in sorted({m for m, _ in planned}, key=lambda m: m.value):
+        model = wrapper_cls(model, config.compilation, runtime_mode, graph_backend)
+    buffer = torch.zeros(max(k.num_tokens for _, k in planned), device=device)
+    done = capture_graphs(lambda key: model(buffer[: key.num_tokens]), plan)
+    missing = sorted(set(planned) - set(done), key=str)
+    if missing:
+        raise CheckFailed(f"planned graphs were not captured: {missing[:4]}")
+    gen = torch.Generator().manual_seed(context.seed)
+    for runtime_mode, key in planned:
+        data = torch.randn(key.num_tokens, generator=gen).to(device)
+        buffer[: key.num_tokens] = data
+        with graph_context(runtime_mode, key):
+            out = model(buffer[: key.num_tokens])
+        if not platform.simulated and device != "cpu":
+            platform.synchronize()
+        if not torch.equal(out.cpu(), eager(data).cpu()):
+            raise CheckFailed(f"the {runtime_mode.name} graph for {key} replayed other values")
+
+
+# --------------------------------------------------------------------------- T04
+
+
+@check(
+    "T04",
+    "A tiny checkpoint generates as on the CPU in fp32",
+    protects="an engine that generates other tokens on the platform than the model's own.",
+    kind="runtime",
+)
+def tiny_checkpoint(platform: Platform, context: CheckContext) -> None:
+    """Greedy generation of a tiny random checkpoint (``tiny_engine``) on the platform
+    equals the CPU float32 result token for token."""
+    device = _device(context)
+    for module in ("transformers", "tiny_engine"):
+        if importlib.util.find_spec(module) is None:
+            raise CheckSkipped(f"{module} is not installed")
+    if context.resolution_problem is not None:
+        raise CheckSkipped(context.resolution_problem)
+    from tiny_engine import LLM  # type: ignore[import-not-found,unused-ignore]
+    from tiny_engine.make_checkpoint import (  # type: ignore[import-not-found,unused-ignore]
+        make_checkpoint,
+    )
+
+    prompts = [[1, 5, 9, 14, 3], [7, 7, 2]]
+    dtype = "float32" if "float32" in platform.supported_model_dtypes() else None
+    model_section: dict[str, Any] = {"dtype": dtype} if dtype else {}
+    if platform.simulated:
+        # CPU tensors stand in for the device: compiling and capturing for it is not the point.
+        model_section["enforce_eager"] = True
+    _quiet_transformers()
+    with tempfile.TemporaryDirectory(prefix="hwplug-conformance-") as tmp:
+        path = make_checkpoint(
+            tmp, layers=1, hidden=64, heads=4, kv_heads=2, vocab=64, init_std=0.5, seed=1
+        )
+        reference = LLM(path, config={"model": {"dtype": "float32"}}, platform="cpu", device="cpu")
+        want = reference.generate(prompts, max_tokens=4, ignore_eos=True)
+        try:
+            engine = LLM(path, config={"model": model_section}, platform=platform, device=device)
+        except ConfigError as exc:
+            raise CheckSkipped(f"the tiny checkpoint cannot run here: {error_line(exc)}") from exc
+        got = engine.generate(prompts, max_tokens=4, ignore_eos=True)
+    if got != want:
+        raise CheckFailed(
+            f"generated {got} on {platform.name}, but the CPU in float32 generates {want}"
+        )
