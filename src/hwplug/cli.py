@@ -769,3 +769,60 @@ def matrix(
                 )
             )
         console.print(table)
+
+
+# --------------------------------------------------------------------------- conformance
+
+
+@app.command()
+def conformance(
+    name: str = typer.Argument(..., metavar="NAME", help="The platform to certify (npu, cuda...)."),
+    profile: str | None = typer.Option(
+        None,
+        "--profile",
+        metavar="PROFILE",
+        help="Run on this simulated profile of the platform (default: the detected device, "
+        "else the representative profile).",
+    ),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
+    skips: list[str] = typer.Option(  # noqa: B008
+        [],
+        "--skip",
+        metavar="ID=REASON",
+        help="Skip a check, saying why (repeatable): --skip T04='no transformers on the farm'.",
+    ),
+    kind: str | None = typer.Option(
+        None, "--kind", metavar="KIND", help="Run only the rule or only the runtime checks."
+    ),
+) -> int:
+    """Check that a platform keeps hwplug's contract; exit status 1 when a check fails."""
+    from hwplug.conformance import KINDS, load_platform, run_checks
+
+    skip: dict[str, str] = {}
+    for text in skips:
+        check_id, sep, reason = text.partition("=")
+        if not sep or not check_id.strip() or not reason.strip():
+            raise CliError(f"--skip {text!r}: give ID=REASON, as in --skip T04='no GPU here'")
+        skip[check_id.strip().upper()] = reason.strip()
+    kinds = KINDS
+    if kind is not None:
+        if kind.strip().lower() not in KINDS:
+            raise CliError(f"--kind: unknown kind {kind!r}; choose one of: {', '.join(KINDS)}")
+        kinds = (kind.strip().lower(),)  # type: ignore[assignment]
+    platform = load_platform(name, profile)
+    report = run_checks(platform, kinds=kinds, skip=skip)
+    if as_json:
+        _print_json(report.to_dict())
+        return 0 if report.ok else 1
+    console = _console()
+    table = _table(
+        f"hwplug conformance {report.to_dict()['conformance_version']}", "check", "result", "reason"
+    )
+    styles = {"pass": "green", "fail": "bold red", "skip": "yellow"}
+    _keep_whole(table, 0, (f"{r.id} {r.title}" for r in report.results), limit=60)
+    for result in report.results:
+        check_cell, _, reason_cell = _cells(f"{result.id} {result.title}", "", result.reason)
+        table.add_row(check_cell, Text(result.outcome, style=styles[result.outcome]), reason_cell)
+    console.print(table)
+    _line(console, (report.summary(), "bold green" if report.ok else "bold red"))
+    return 0 if report.ok else 1
