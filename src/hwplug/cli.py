@@ -819,7 +819,7 @@ def conformance(
         f"hwplug conformance {report.to_dict()['conformance_version']}", "check", "result", "reason"
     )
     styles = {"pass": "green", "fail": "bold red", "skip": "yellow"}
-    _keep_whole(table, 0, (f"{r.id} {r.title}" for r in report.results), limit=60)
+    _keep_whole(table, 0, (f"{r.id} {r.title}" for r in report.results))
     for result in report.results:
         check_cell, _, reason_cell = _cells(f"{result.id} {result.title}", "", result.reason)
         table.add_row(check_cell, Text(result.outcome, style=styles[result.outcome]), reason_cell)

@@ -49,7 +49,7 @@ def _resolved(platform: Platform, context: CheckContext, data: dict[str, Any]) -
 
     cached = context.cache.get(repr(data))
     if cached is not None:
-        return cached  # type: ignore[no-any-return]
+        return cached
     try:
         config = context.resolve(platform, EngineConfig.from_dict(data)).config
     except ResolutionBlocked as exc:

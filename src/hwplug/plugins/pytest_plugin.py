@@ -26,6 +26,7 @@ from __future__ import annotations
 import dataclasses
 import warnings
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -200,6 +201,81 @@ def pytest_addoption(parser: pytest.Parser) -> None:
             "installed platform"
         ),
     )
+    group.addoption(
+        "--hwplug-conformance",
+        dest="hwplug_conformance",
+        default=None,
+        metavar="NAMES",
+        help=(
+            "run hwplug's conformance checks on these platforms (comma-separated names, "
+            "as in npu,cuda): one test per check per platform"
+        ),
+    )
+
+
+class ConformanceItem(pytest.Item):
+    """One conformance check on one platform (``--hwplug-conformance``)."""
+
+    def __init__(self, *, platform_name: str, check_id: str, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.platform_name = platform_name
+        self.check_id = check_id
+
+    def runtest(self) -> None:
+        from hwplug.conformance import CheckContext, load_platform, run_one
+
+        cache = self.config.stash.setdefault(_CONFORMANCE, {})
+        if self.platform_name not in cache:
+            platform = load_platform(self.platform_name)
+            cache[self.platform_name] = (platform, CheckContext.for_platform(platform))
+        platform, context = cache[self.platform_name]
+        result = run_one(self.check_id, platform, context)
+        if result.outcome == "skip":
+            pytest.skip(result.reason)
+        if result.outcome == "fail":
+            raise _CheckFailure(f"{result.id} {result.title}: {result.reason}")
+
+    def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException], style: Any = None) -> str:
+        if isinstance(excinfo.value, _CheckFailure):
+            return f"{self.platform_name} fails {excinfo.value}"
+        return str(super().repr_failure(excinfo, style=style))
+
+    def reportinfo(self) -> tuple[str, int | None, str]:
+        return "hwplug-conformance", None, f"{self.platform_name} {self.check_id}"
+
+
+class _CheckFailure(Exception):
+    """A conformance check failed (its reason is the message)."""
+
+
+_CONFORMANCE = pytest.StashKey[dict[str, Any]]()
+
+
+def pytest_collection_modifyitems(
+    session: pytest.Session, config: pytest.Config, items: list[pytest.Item]
+) -> None:
+    text = config.getoption("hwplug_conformance", default=None)
+    if not text:
+        return
+    from hwplug.conformance import CHECKS, load_platform
+
+    names = [part.strip().lower() for part in text.split(",") if part.strip()]
+    if not names:
+        raise pytest.UsageError("--hwplug-conformance is empty; give platform names, as in npu")
+    for name in names:
+        try:
+            load_platform(name)
+        except (ConfigError, PluginError) as exc:
+            raise pytest.UsageError(f"--hwplug-conformance: {exc}") from None
+        for check_id in CHECKS:
+            items.append(
+                ConformanceItem.from_parent(
+                    session,
+                    name=f"hwplug_conformance[{name}-{check_id}]",
+                    platform_name=name,
+                    check_id=check_id,
+                )
+            )
 
 
 def pytest_configure(config: pytest.Config) -> None:
