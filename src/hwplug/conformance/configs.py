@@ -7,7 +7,7 @@ import json
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from hwplug.conformance.base import CheckContext, CheckFailed
@@ -90,6 +90,8 @@ def for_each_config(
         suppress_health_check=list(HealthCheck),
     )
     @given(config_dicts(platform))
+    @example({})
+    @example({"scheduler": {"max_num_seqs": 4}, "cache": {"enable_prefix_caching": False}})
     def run(data: dict[str, Any]) -> None:
         try:
             test(data)

@@ -324,7 +324,10 @@ def idempotent(platform: Platform, context: CheckContext) -> None:
         resolved = found[1].config
         try:
             again = context.resolve(platform, EngineConfig.from_dict(resolved.to_dict()))
-        except (ConfigError, PluginError) as exc:
+        except PluginError as exc:
+            tally.plugin_errors.append(error_line(exc))
+            return
+        except ConfigError as exc:
             raise CheckFailed(
                 f"the resolved config does not resolve again: {error_line(exc)}"
             ) from exc

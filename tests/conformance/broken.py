@@ -1,0 +1,56 @@
+"""Deliberately broken copies of the ACME NPU platform, one contract breach each.
+
+Module-level classes (importable by name, so R02 runs their ``detect()`` in a
+fresh process). This module must not import torch.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from acme_npu.plugin import NpuPlatform
+
+from hwplug.core.errors import ConfigError
+
+if TYPE_CHECKING:
+    from hwplug.core.config import EngineConfig
+    from hwplug.core.resolve import ChangeLog
+
+
+class HiddenChangeNpu(NpuPlatform):
+    """Halves an explicit ``scheduler.max_num_seqs`` without recording it."""
+
+    def check_and_update_config(self, config: EngineConfig, changes: ChangeLog) -> None:
+        super().check_and_update_config(config, changes)
+        if changes.was_set("scheduler.max_num_seqs") and config.scheduler.max_num_seqs > 1:
+            config.scheduler.max_num_seqs //= 2
+
+
+class RefusedBlockNpu(NpuPlatform):
+    """Advertises block size 16 and then refuses it."""
+
+    def supported_block_sizes(self, model_config: object = None) -> tuple[int, ...]:
+        return (16, 32, 64)
+
+    def check_and_update_config(self, config: EngineConfig, changes: ChangeLog) -> None:
+        super().check_and_update_config(config, changes)
+        if config.cache.block_size == 16:
+            raise ConfigError("cache.block_size=16 is not supported on ACME NPUs; use 32 or 64")
+
+
+class NotAWrapperNpu(NpuPlatform):
+    """Returns something that is not a ``GraphWrapper`` from ``graph_wrapper_cls()``."""
+
+    def graph_wrapper_cls(self) -> type | None:
+        return dict
+
+
+class TorchDetectNpu(NpuPlatform):
+    """Imports torch while detecting."""
+
+    @classmethod
+    def detect(cls) -> list:  # type: ignore[type-arg]
+        import torch
+
+        del torch
+        return []
