@@ -44,5 +44,8 @@ if [ -f benchmarks/bench_attention.py ]; then
     [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 fi
 
+# the conformance kit on the real GPU (exits 1 when a check fails)
+"$PYTHON" -m hwplug conformance cuda --json | save conformance.json; [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+
 echo "gpu_checks: exit status $status" | save status.txt
 exit "$status"
