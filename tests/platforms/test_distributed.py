@@ -123,8 +123,7 @@ RANK_SCRIPT = textwrap.dedent(
 )
 
 
-@pytest.mark.slow
-def test_gloo_all_reduce_across_two_processes() -> None:
+def _two_ranks() -> tuple[list[int], list[str], list[str]]:
     port = _free_port()
     procs = [
         subprocess.Popen(
@@ -135,15 +134,28 @@ def test_gloo_all_reduce_across_two_processes() -> None:
         )
         for rank in range(2)
     ]
-    outputs = []
+    codes, outputs, errors = [], [], []
     try:
         for proc in procs:
             out, err = proc.communicate(timeout=120)
-            assert proc.returncode == 0, err
+            codes.append(proc.returncode)
             outputs.append(out.strip())
+            errors.append(err)
     finally:
         for proc in procs:
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
+    return codes, outputs, errors
+
+
+@pytest.mark.slow
+def test_gloo_all_reduce_across_two_processes() -> None:
+    # Two ranks on a loaded two-core machine sometimes lose the rendezvous (a port
+    # taken between choosing and binding it, a peer torn down early): try again.
+    for _attempt in range(3):
+        codes, outputs, errors = _two_ranks()
+        if codes == [0, 0]:
+            break
+    assert codes == [0, 0], errors
     assert outputs == ["rank 0: [3.0, 30.0]", "rank 1: [3.0, 30.0]"]

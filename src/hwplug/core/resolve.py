@@ -871,14 +871,14 @@ def _step_finalise(
             copy.deepcopy(comp.cudagraph_capture_sizes),
             reason,
         )
-    if not changes.was_set("compilation.compile_sizes") and (
-        compile_before is not None or comp.compile_sizes
-    ):
+    if not changes.was_set("compilation.compile_sizes"):
         changes.note(
             "compilation.compile_sizes",
             compile_before,
             copy.deepcopy(comp.compile_sizes),
-            "sizes for Inductor: 'cudagraph_capture_sizes' expanded, duplicates removed",
+            "sizes for Inductor: 'cudagraph_capture_sizes' expanded, duplicates removed"
+            if compile_before is not None
+            else "no sizes for Inductor to specialise for",
         )
     if (
         graphs_on
