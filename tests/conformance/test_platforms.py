@@ -122,3 +122,18 @@ def test_every_check_has_an_id_a_title_and_what_it_protects() -> None:
     for check_id, item in CHECKS.items():
         assert item.id == check_id and check_id[0] == {"rule": "R", "runtime": "T"}[item.kind]
         assert item.title and item.protects.endswith(".")
+
+
+def _builtin_profiles() -> list[str]:
+    from hwplug.matrix import builtin_plugin_manager
+
+    return sorted(builtin_plugin_manager().known_profiles())
+
+
+@pytest.mark.parametrize("profile", _builtin_profiles())
+def test_rule_checks_pass_on_every_builtin_profile(profile: str) -> None:
+    # detect() and cross-process hashes do not depend on the profile (R02, R08 above)
+    report = run_checks(
+        profile, kinds=("rule",), skip={"R02": "per platform", "R08": "per platform"}
+    )
+    assert report.ok, _explain(report)
