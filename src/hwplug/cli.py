@@ -8,6 +8,7 @@ Installed as ``hwplug`` and runnable as ``python -m hwplug``::
     hwplug resolve [--platform NAME | --simulate PROFILE] [--config FILE]
                    [--set section.field=value ...] [--json]
     hwplug matrix [--format table|markdown|json] [--installed]
+    hwplug conformance NAME [--profile P] [--kind rule|runtime] [--skip ID=REASON ...] [--json]
 
 Every user error (a bad option, an unknown profile, platform or field, a
 malformed config file, a config the platform cannot run) ends the command with
