@@ -15,6 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
+from hwplug.core import versions
 from hwplug.core.config import (
     CallableInductorPass,
     CompilationConfig,
@@ -60,7 +61,7 @@ class PassWithUuid:
 @pytest.fixture
 def old_torch(monkeypatch: pytest.MonkeyPatch) -> None:
     """Pretend torch 2.5 is installed."""
-    monkeypatch.setattr(_common, "torch_version", lambda: (2, 5, 1))
+    monkeypatch.setattr(versions, "torch_version", lambda: (2, 5, 1))
 
 
 # ---------------------------------------------------------------------- fields
@@ -364,7 +365,7 @@ def test_auto_functionalized_v2_is_left_alone_before_torch_2_6() -> None:
 def test_graph_partition_is_allowed_on_torch_2_9_and_later(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(_common, "torch_version", lambda: (2, 9, 0))
+    monkeypatch.setattr(versions, "torch_version", lambda: (2, 9, 0))
     assert CompilationConfig(use_inductor_graph_partition=True).use_inductor_graph_partition
 
 
@@ -379,7 +380,7 @@ def test_graph_partition_needs_torch_2_9() -> None:
 
 
 def test_graph_partition_without_torch(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(_common, "torch_version", lambda: None)
+    monkeypatch.setattr(versions, "torch_version", lambda: None)
     with pytest.raises(ConfigError, match="not installed"):
         CompilationConfig(use_inductor_graph_partition=True)
 
@@ -396,12 +397,12 @@ def test_graph_partition_without_torch(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_torch_version_comparison(
     monkeypatch: pytest.MonkeyPatch, found: tuple[int, ...] | None, wanted: str, ok: bool
 ) -> None:
-    monkeypatch.setattr(_common, "torch_version", lambda: found)
-    assert _common.torch_version_at_least(wanted) is ok
+    monkeypatch.setattr(versions, "torch_version", lambda: found)
+    assert versions.torch_version_at_least(wanted) is ok
 
 
 def test_torch_version_is_read_without_importing_torch() -> None:
-    version = _common.torch_version()
+    version = versions.torch_version()
     assert version is not None
     assert version >= (2, 6)
 

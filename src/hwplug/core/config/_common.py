@@ -13,7 +13,6 @@ import functools
 import importlib
 import importlib.metadata
 import logging
-import re
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import PurePath
 from typing import Annotated, Any, ClassVar, TypeVar
@@ -405,31 +404,5 @@ def stable_factors(value: Any) -> Any:
     return value
 
 
-# --------------------------------------------------------------------------- torch
-
-
-@functools.lru_cache(maxsize=1)
-def torch_version() -> tuple[int, ...] | None:
-    """The installed torch release as ``(major, minor, patch)``, or ``None``.
-
-    Read from package metadata, so torch is not imported. Pre-release and
-    local suffixes are ignored: ``2.9.0.dev20250801+cu128`` is ``(2, 9, 0)``.
-    """
-    try:
-        text = importlib.metadata.version("torch")
-    except importlib.metadata.PackageNotFoundError:
-        return None
-    match = re.match(r"(\d+(?:\.\d+)*)", text)
-    if match is None:
-        return None
-    return tuple(int(part) for part in match.group(1).split("."))
-
-
-def torch_version_at_least(version: str) -> bool:
-    """Whether the installed torch is ``version`` or newer (dev builds count)."""
-    current = torch_version()
-    if current is None:
-        return False
-    wanted = tuple(int(part) for part in version.split("."))
-    width = max(len(current), len(wanted))
-    return current + (0,) * (width - len(current)) >= wanted + (0,) * (width - len(wanted))
+# The installed torch release, read without importing torch (re-exported here).
+from hwplug.core.versions import torch_version, torch_version_at_least  # noqa: E402

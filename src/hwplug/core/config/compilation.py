@@ -15,8 +15,7 @@ from pydantic import ValidationInfo, WithJsonSchema, field_validator
 from pydantic.dataclasses import dataclass
 from pydantic.json_schema import SkipJsonSchema
 
-from hwplug.core import collaborators
-from hwplug.core.config import _common
+from hwplug.core import collaborators, versions
 from hwplug.core.config._common import (
     CONFIG,
     MAX_SIZE,
@@ -286,8 +285,8 @@ class CompilationConfig(ConfigSection):
     @field_validator("use_inductor_graph_partition")
     @classmethod
     def _check_graph_partition(cls, enabled: bool) -> bool:
-        if enabled and not _common.torch_version_at_least("2.9"):
-            found = _common.torch_version()
+        if enabled and not versions.torch_version_at_least("2.9"):
+            found = versions.torch_version()
             have = "not installed" if found is None else ".".join(map(str, found))
             raise ConfigError(
                 "compilation.use_inductor_graph_partition=True needs torch >= 2.9 "
@@ -297,7 +296,7 @@ class CompilationConfig(ConfigSection):
 
     def __post_init__(self) -> None:
         # Custom passes rely on auto-functionalization v1 (v2 is on by default since 2.6).
-        if _common.torch_version_at_least("2.6"):
+        if versions.torch_version_at_least("2.6"):
             self.inductor_compile_config.setdefault("enable_auto_functionalized_v2", False)
         for name, spec in self.inductor_passes.items():
             self.inductor_compile_config[name] = _as_pass(self._load_pass(name, spec))

@@ -11,10 +11,10 @@ import os
 import re
 from typing import TYPE_CHECKING, ClassVar
 
-from hwplug.core.config._common import torch_version
 from hwplug.core.errors import ConfigError
 from hwplug.core.hookspecs import hookimpl
 from hwplug.core.platform import DeviceInfo, Platform
+from hwplug.core.versions import torch_version
 from hwplug.platforms.builtin import BuiltinPlatform
 from hwplug.platforms.xpu.profiles import PROFILES
 
