@@ -78,30 +78,7 @@ def unified_attention(
     op = _op if _op is not None else register_unified_attention()
     from hwplug.attention._unified_op import OP_WITH_OUTPUT, as_scale_tensor
 
-    if out is not None:
-        OP_WITH_OUTPUT(
-            query,
-            key,
-            value,
-            out,
-            key_cache,
-            value_cache,
-            metadata.query_start_loc,
-            metadata.seq_lens,
-            metadata.block_table,
-            metadata.slot_mapping,
-            as_scale_tensor(k_scale, query),
-            as_scale_tensor(v_scale, query),
-            backend,
-            float(scale),
-            sliding_window,
-        )
-        return out
-
-    result: torch.Tensor = op(
-        query,
-        key,
-        value,
+    tail = (
         key_cache,
         value_cache,
         metadata.query_start_loc,
@@ -114,4 +91,8 @@ def unified_attention(
         float(scale),
         sliding_window,
     )
+    if out is not None:
+        OP_WITH_OUTPUT(query, key, value, out, *tail)
+        return out
+    result: torch.Tensor = op(query, key, value, *tail)
     return result
