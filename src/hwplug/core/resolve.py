@@ -254,7 +254,10 @@ class ChangeLog:
 
     # -- guarding against changes made behind the log ------------------------------
     def _snapshot(self) -> dict[str, Any]:
-        return {path: copy.deepcopy(getattr(part, name)) for path, part, name in _paths(self)}
+        return {
+            path: copy.deepcopy(getattr(part, name))
+            for path, part, name in _field_paths(self._config)
+        }
 
     def _unrecorded(self, before: dict[str, Any], since: int) -> list[str]:
         """Fields that differ from ``before`` other than through :meth:`record` since
@@ -263,7 +266,7 @@ class ChangeLog:
         for change in self.changes[since:]:
             recorded[change.path] = change.new
         wrong = []
-        for path, part, name in _paths(self):
+        for path, part, name in _field_paths(self._config):
             now = getattr(part, name)
             if _same(before[path], now):
                 continue
@@ -271,10 +274,6 @@ class ChangeLog:
                 continue
             wrong.append(path)
         return wrong
-
-
-def _paths(changes: ChangeLog) -> Iterator[tuple[str, Any, str]]:
-    return _field_paths(changes._config)
 
 
 @dataclasses.dataclass
@@ -357,16 +356,11 @@ def _acting_as(source: str) -> Iterator[None]:
         yield
     except (ConfigError, PluginError):
         raise
-    except Exception as exc:
-        if step is None:
-            raise
-        raise PluginError(
-            f"{_who(source, step.describe)} failed in {step.phase}: {error_line(exc)}"
-        ) from exc
     except BaseException as exc:
+        # A plugin's failure, sys.exit() included, becomes a PluginError naming it;
+        # only the user's interrupt and generator shutdown pass through untouched.
         if step is None or isinstance(exc, KeyboardInterrupt | GeneratorExit):
             raise
-        # sys.exit() and friends inside a plugin must not end the engine silently.
         raise PluginError(
             f"{_who(source, step.describe)} failed in {step.phase}: {error_line(exc)}"
         ) from exc
