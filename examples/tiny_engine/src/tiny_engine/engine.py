@@ -39,6 +39,7 @@ from hwplug.core.kv_cache import (
     num_blocks,
 )
 from hwplug.core.platform import Platform
+from hwplug.kernels.linear import pack_linears
 from tiny_engine.attention import resolved_backend
 from tiny_engine.blocks import BlockPool
 from tiny_engine.checkpoint import ModelSpec, iter_weights, read_checkpoint
@@ -192,6 +193,8 @@ class LLM:
             torch.set_default_dtype(default_dtype)
         load_weights(self.model, iter_weights(spec.path))
         self.model.eval().requires_grad_(False)
+        # CPU weights are packed once for oneDNN's GEMM (a no-op on other devices).
+        self.packed_linears = pack_linears(self.model)
         self.memory: dict[str, int] = {"after_load": self._memory_in_use()}
 
         # Profile the largest step eagerly on a one-block cache (no block is written).
@@ -381,6 +384,7 @@ class LLM:
                 "model": self.spec.architecture,
                 "dtype": cfg.model.dtype,
                 "attention_backend": self.attention_backend,
+                "packed_linears": len(self.packed_linears),
                 "compilation_level": int(cfg.compilation.level or 0),
                 "cudagraph_mode": str(cfg.compilation.cudagraph_mode),
                 "graphs_captured": len(self.captured),
