@@ -8,12 +8,19 @@ output, so the gathered pages are only cast), and runs
 sliding-window masks and grouped heads. All decoding sequences (one query
 token each) run as one batched call; every other sequence runs on its own.
 
+What it derives from the metadata (the lengths read back, the value checks,
+the decode groups, gather indices and masks) is worked out by the first
+layer of a step and reused by the next layers while the metadata's contents
+are unchanged; each call compares them in full, so an engine may refill the
+same buffers for its next step.
+
 It reads lengths back to the host, so it cannot run inside a device graph
 (``graph_support = NEVER``).
 """
 
 from __future__ import annotations
 
+import threading
 from typing import TYPE_CHECKING
 
 from hwplug.attention.base import AttentionBackend
@@ -53,122 +60,202 @@ class TorchAttentionBackend(AttentionBackend):
         from hwplug.kernels import reference
         from hwplug.kernels.formats import FP8_FORMATS
 
-        num_blocks, block_size = key_cache.shape[0], key_cache.shape[1]
-        metadata.check_values(num_blocks, block_size)
-        reference.write_rows(key, key_cache, metadata.slot_mapping, k_scale)
-        reference.write_rows(value, value_cache, metadata.slot_mapping, v_scale)
+        plan = _StepPlan.for_step(metadata, key_cache.shape[0], key_cache.shape[1])
+        reference.write_rows(key, key_cache, plan.slot_mapping, k_scale)
+        reference.write_rows(value, value_cache, plan.slot_mapping, v_scale)
 
-        starts = metadata.query_start_loc.tolist()
-        lens = metadata.seq_lens.tolist()
         out = torch.zeros_like(query)
         fp8 = key_cache.dtype in FP8_FORMATS
         # q . (k * k_scale) == (q * k_scale) . k: scale the few queries, not the many keys
         queries = query * _on(k_scale, query) if fp8 else query
-        pages = _Pages(key_cache, value_cache, metadata.block_table, block_size, query.dtype)
-
-        decoding = [b for b in range(len(lens)) if starts[b + 1] - starts[b] == 1]
-        if decoding:
-            self._decode(queries, out, pages, decoding, starts, lens)
-        for b, seq_len in enumerate(lens):
-            start, end = starts[b], starts[b + 1]
-            if end - start > 1:
-                self._prefill(queries, out, pages, b, start, end, seq_len)
+        pages = _Pages(key_cache, value_cache, plan.block_size, query.dtype)
+        window = self.sliding_window
+        for group in plan.decode_groups(pages.row_bytes):
+            k, v = pages.gather(group.index, len(group.seqs), group.longest)
+            q = queries.index_select(0, group.rows).unsqueeze(2)  # [n, heads, 1, head_size]
+            result = torch.nn.functional.scaled_dot_product_attention(
+                q,
+                k,
+                v,
+                attn_mask=group.mask(window),
+                scale=self.scale,
+                enable_gqa=k.shape[1] != q.shape[1],
+            )
+            out.index_copy_(0, group.rows, result.squeeze(2))
+        for chunk in plan.prefills:
+            k, v = pages.gather(chunk.index, 1, chunk.seq_len)
+            q = queries[chunk.start : chunk.end].transpose(0, 1).unsqueeze(0)
+            mask = chunk.mask(window)
+            result = torch.nn.functional.scaled_dot_product_attention(
+                q,
+                k,
+                v,
+                attn_mask=mask,
+                is_causal=mask is None,
+                scale=self.scale,
+                enable_gqa=k.shape[1] != q.shape[1],
+            )
+            out[chunk.start : chunk.end] = result.squeeze(0).transpose(0, 1)
         if fp8:
             out *= _on(v_scale, out)
         return out
 
-    def _decode(
+
+class _StepPlan:
+    """What the backend derives from one step's metadata, shared by every layer.
+
+    A model calls attention once per layer with the same metadata. The first
+    call reads the lengths back, checks the values against the cache, and
+    works out which sequences decode together; later calls reuse that while
+    the metadata's contents are unchanged (compared in full on every call, so
+    a caller may refill the same buffers for its next step). Gather indices
+    are made per group, masks on first use per sliding window.
+    """
+
+    _last = threading.local()
+
+    def __init__(
         self,
-        queries: torch.Tensor,
-        out: torch.Tensor,
-        pages: _Pages,
-        seqs: list[int],
+        metadata: AttentionMetadata,
+        num_blocks: int,
+        block_size: int,
         starts: list[int],
         lens: list[int],
     ) -> None:
-        """One query token per sequence: batched calls over groups of similar length.
+        metadata.check_values(num_blocks, block_size)
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.starts = starts
+        self.lens = lens
+        self.block_table = metadata.block_table.clone()
+        self.slot_mapping = metadata.slot_mapping.clone()
+        self.device = self.block_table.device
+        self.decoding = [b for b in range(len(lens)) if starts[b + 1] - starts[b] == 1]
+        self.prefills = [
+            _Prefill(self, b, starts[b], starts[b + 1], lens[b])
+            for b in range(len(lens))
+            if starts[b + 1] - starts[b] > 1
+        ]
+        self._groups: dict[tuple[int, int], list[_DecodeGroup]] = {}
+
+    @classmethod
+    def for_step(cls, metadata: AttentionMetadata, num_blocks: int, block_size: int) -> _StepPlan:
+        """The plan of ``metadata``: this thread's last one when the contents match."""
+        import torch
+
+        starts = metadata.query_start_loc.tolist()
+        lens = metadata.seq_lens.tolist()
+        plan: _StepPlan | None = getattr(cls._last, "plan", None)
+        if (
+            plan is None
+            or plan.num_blocks != num_blocks
+            or plan.block_size != block_size
+            or plan.starts != starts
+            or plan.lens != lens
+            or plan.device != metadata.block_table.device
+            or plan.block_table.shape != metadata.block_table.shape
+            or plan.slot_mapping.shape != metadata.slot_mapping.shape
+            or not torch.equal(plan.block_table, metadata.block_table)
+            or not torch.equal(plan.slot_mapping, metadata.slot_mapping)
+        ):
+            plan = cls(metadata, num_blocks, block_size, starts, lens)
+            cls._last.plan = plan
+        return plan
+
+    def index(self, seqs: list[int], length: int) -> torch.Tensor:
+        """The flat cache-block index of positions ``0..length-1`` of sequences ``seqs``."""
+        import torch
+
+        blocks = -(-length // self.block_size)
+        rows = torch.tensor(seqs, device=self.device)
+        table = self.block_table.index_select(0, rows)[:, :blocks]
+        # entries past a sequence's own blocks may hold anything: keep them in range
+        return table.clamp(0, self.num_blocks - 1).reshape(-1).long()
+
+    def decode_groups(self, row_bytes: int) -> list[_DecodeGroup]:
+        """The decoding sequences (one query token each) in groups of similar length.
 
         Each group's gathered pages stay under ``_GATHER_BYTES``: that bounds the
         memory a large batch takes, and small buffers are reused by the
         allocator instead of being mapped (and faulted in) afresh each step.
         """
-        row_bytes = pages.row_bytes
+        key = (row_bytes, _GATHER_BYTES)
+        groups = self._groups.get(key)
+        if groups is not None:
+            return groups
+        groups = []
         group: list[int] = []
-        for b in sorted(seqs, key=lambda s: lens[s]):
-            padded = -(-lens[b] // pages.block_size) * pages.block_size
+        for b in sorted(self.decoding, key=lambda s: self.lens[s]):
+            padded = -(-self.lens[b] // self.block_size) * self.block_size
             if group and (len(group) + 1) * padded * row_bytes > _GATHER_BYTES:
-                self._decode_group(queries, out, pages, group, starts, lens)
+                groups.append(_DecodeGroup(self, group))
                 group = []
             group.append(b)
-        self._decode_group(queries, out, pages, group, starts, lens)
+        if group:
+            groups.append(_DecodeGroup(self, group))
+        self._groups[key] = groups
+        return groups
 
-    def _decode_group(
-        self,
-        queries: torch.Tensor,
-        out: torch.Tensor,
-        pages: _Pages,
-        seqs: list[int],
-        starts: list[int],
-        lens: list[int],
-    ) -> None:
+
+class _DecodeGroup:
+    """Sequences decoding one token each, attended in one batched call."""
+
+    def __init__(self, plan: _StepPlan, seqs: list[int]) -> None:
         import torch
 
-        device = queries.device
-        seq_lens = [lens[b] for b in seqs]
-        longest = max(seq_lens)
-        rows = torch.tensor([starts[b] for b in seqs], device=device)
-        k, v = pages.gather(torch.tensor(seqs, device=device), longest)
-        q = queries.index_select(0, rows).unsqueeze(2)  # [n, heads, 1, head_size]
-        window = self.sliding_window
+        self.seqs = seqs
+        self.seq_lens = [plan.lens[b] for b in seqs]
+        self.longest = max(self.seq_lens)
+        self.rows = torch.tensor([plan.starts[b] for b in seqs], device=plan.device)
+        self.index = plan.index(seqs, self.longest)
+        self._device = plan.device
+        self._masks: dict[int | None, torch.Tensor | None] = {}
+
+    def mask(self, window: int | None) -> torch.Tensor | None:
+        """Which gathered positions each sequence attends to (None: all of them)."""
+        import torch
+
+        if window in self._masks:
+            return self._masks[window]
         mask = None
-        if min(seq_lens) != longest or (window is not None and window < longest):
-            length = torch.tensor(seq_lens, device=device).unsqueeze(1)
-            positions = torch.arange(longest, device=device).unsqueeze(0)
+        if min(self.seq_lens) != self.longest or (window is not None and window < self.longest):
+            length = torch.tensor(self.seq_lens, device=self._device).unsqueeze(1)
+            positions = torch.arange(self.longest, device=self._device).unsqueeze(0)
             keep = positions < length
             if window is not None:
                 keep &= positions >= length - window
             mask = keep[:, None, None, :]
-        result = torch.nn.functional.scaled_dot_product_attention(
-            q, k, v, attn_mask=mask, scale=self.scale, enable_gqa=k.shape[1] != q.shape[1]
-        )
-        out.index_copy_(0, rows, result.squeeze(2))
+        self._masks[window] = mask
+        return mask
 
-    def _prefill(
-        self,
-        queries: torch.Tensor,
-        out: torch.Tensor,
-        pages: _Pages,
-        b: int,
-        start: int,
-        end: int,
-        seq_len: int,
-    ) -> None:
-        """One sequence with several query tokens: the last ``end - start`` of its context."""
+
+class _Prefill:
+    """One sequence with several query tokens: the last ``end - start`` of its context."""
+
+    def __init__(self, plan: _StepPlan, b: int, start: int, end: int, seq_len: int) -> None:
+        self.start = start
+        self.end = end
+        self.seq_len = seq_len
+        self.index = plan.index([b], seq_len)
+        self._device = plan.device
+        self._masks: dict[int | None, torch.Tensor | None] = {}
+
+    def mask(self, window: int | None) -> torch.Tensor | None:
+        """The causal (and window) mask; None when plain causal attention does."""
         import torch
 
-        device = queries.device
-        k, v = pages.gather(torch.tensor([b], device=device), seq_len)
-        q = queries[start:end].transpose(0, 1).unsqueeze(0)  # [1, heads, q_len, head_size]
-        q_len = end - start
-        window = self.sliding_window
+        if window in self._masks:
+            return self._masks[window]
+        q_len, seq_len = self.end - self.start, self.seq_len
         mask = None
-        causal = q_len == seq_len and (window is None or window >= seq_len)
-        if not causal:
-            positions = torch.arange(seq_len, device=device).unsqueeze(0)
-            query_pos = torch.arange(seq_len - q_len, seq_len, device=device).unsqueeze(1)
+        if q_len != seq_len or (window is not None and window < seq_len):
+            positions = torch.arange(seq_len, device=self._device).unsqueeze(0)
+            query_pos = torch.arange(seq_len - q_len, seq_len, device=self._device).unsqueeze(1)
             mask = positions <= query_pos
             if window is not None:
                 mask &= positions > query_pos - window
-        result = torch.nn.functional.scaled_dot_product_attention(
-            q,
-            k,
-            v,
-            attn_mask=mask,
-            is_causal=causal,
-            scale=self.scale,
-            enable_gqa=k.shape[1] != q.shape[1],
-        )
-        out[start:end] = result.squeeze(0).transpose(0, 1)
+        self._masks[window] = mask
+        return mask
 
 
 class _Pages:
@@ -186,7 +273,6 @@ class _Pages:
         self,
         key_cache: torch.Tensor,
         value_cache: torch.Tensor,
-        block_table: torch.Tensor,
         block_size: int,
         dtype: torch.dtype,
     ) -> None:
@@ -196,7 +282,6 @@ class _Pages:
 
         self.key_cache = key_cache
         self.value_cache = value_cache
-        self.block_table = block_table
         self.block_size = block_size
         self.dtype = dtype
         self.values: torch.Tensor | None = None
@@ -211,21 +296,18 @@ class _Pages:
         _, _, heads, head_size = self.key_cache.shape
         return int(heads * head_size * self.dtype.itemsize)
 
-    def gather(self, seqs: torch.Tensor, length: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Keys and values of positions ``0..length-1`` of sequences ``seqs``."""
+    def gather(self, index: torch.Tensor, n: int, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys and values of positions ``0..length-1`` of ``n`` sequences whose cache
+        blocks ``index`` lists (``n`` rows of whole blocks, flattened)."""
         import torch
 
-        blocks = -(-length // self.block_size)
-        table = self.block_table.index_select(0, seqs)
-        # entries past a sequence's own blocks may hold anything: keep them in range
-        table = table[:, :blocks].clamp(0, self.key_cache.shape[0] - 1).long()
-        n = table.shape[0]
+        blocks = index.shape[0] // n
         result = []
         for cache in (self.key_cache, self.value_cache):
             # whole blocks are contiguous slices: index_select copies them wholesale
             # (fp8 as bytes: not every device indexes every fp8 dtype)
             source = cache.view(torch.uint8) if cache.dtype.itemsize == 1 else cache
-            paged = source.index_select(0, table.reshape(-1)).view(cache.dtype)
+            paged = source.index_select(0, index).view(cache.dtype)
             dense = paged.view(n, blocks * self.block_size, *cache.shape[2:])[:, :length]
             dense = dense.transpose(1, 2)  # [n, kv_heads, length, head_size], strided
             if self.values is not None:

@@ -1,0 +1,116 @@
+"""The torch backend shares one step's derived work across layers, and never serves stale work.
+
+A model calls attention once per layer with the same metadata; an engine then
+refills the same buffers in place for its next step. Every call must attend
+exactly what its metadata says now.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hwplug.attention import TorchAttentionBackend
+from tests.attention.helpers import Batch, make_batch, reference_attention
+
+HEADS, KV_HEADS, HEAD, BLOCK = 4, 2, 16, 4
+
+
+def _batch(seq_lens: list[int], query_lens: list[int], *, seed: int, num_blocks: int) -> Batch:
+    return make_batch(
+        seq_lens,
+        query_lens,
+        num_heads=HEADS,
+        num_kv_heads=KV_HEADS,
+        head_size=HEAD,
+        block_size=BLOCK,
+        seed=seed,
+        num_blocks=num_blocks,
+    )
+
+
+def _attend(batch: Batch, *, window: int | None = None) -> torch.Tensor:
+    impl = TorchAttentionBackend(HEADS, HEAD, KV_HEADS, 0.25, sliding_window=window)
+    return impl.forward(
+        batch.query,
+        batch.key,
+        batch.value,
+        batch.key_cache,
+        batch.value_cache,
+        batch.metadata,
+    )
+
+
+def _expected(batch: Batch, *, window: int | None = None) -> torch.Tensor:
+    return reference_attention(
+        batch.query,
+        batch.key_cache,
+        batch.value_cache,
+        batch.metadata,
+        scale=0.25,
+        sliding_window=window,
+    ).float()
+
+
+def _refill(into: Batch, source: Batch) -> None:
+    """Copy ``source``'s metadata into ``into``'s tensors in place (same shapes)."""
+    for name in ("query_start_loc", "seq_lens", "block_table", "slot_mapping"):
+        getattr(into.metadata, name).copy_(getattr(source.metadata, name))
+
+
+def test_layers_with_and_without_a_window_share_metadata() -> None:
+    batch = _batch([13, 9, 20], [1, 1, 5], seed=1, num_blocks=16)
+    rows = batch.metadata.query_start_loc[-1]
+    for window in (None, 3, None, 6):  # layers alternating, as in Gemma-style models
+        out = _attend(batch, window=window)
+        torch.testing.assert_close(out[:rows], _expected(batch, window=window))
+
+
+@pytest.mark.parametrize(
+    "change",
+    ["block_table", "slot_mapping", "lengths"],
+)
+def test_buffers_refilled_in_place_are_read_afresh(change: str) -> None:
+    first = _batch([10, 7], [1, 1], seed=2, num_blocks=12)
+    _attend(first)  # the first step's work is shared by its layers
+    if change == "lengths":
+        nxt = _batch([11, 8], [1, 1], seed=3, num_blocks=12)
+    else:
+        nxt = _batch([10, 7], [1, 1], seed=3, num_blocks=12)
+        if change == "block_table":  # same lengths and slots, other pages
+            nxt.metadata.slot_mapping.copy_(first.metadata.slot_mapping)
+        else:  # same lengths and pages, other slots for the new tokens
+            nxt.metadata.block_table.copy_(first.metadata.block_table)
+    if change == "block_table":
+        assert not torch.equal(first.metadata.block_table, nxt.metadata.block_table)
+    _refill(first, nxt)
+    step = Batch(nxt.query, nxt.key, nxt.value, nxt.key_cache, nxt.value_cache, first.metadata)
+    out = _attend(step)
+    torch.testing.assert_close(out[:2], _expected(step))
+    slots = nxt.metadata.slot_mapping.tolist()
+    flat_keys = nxt.key_cache.reshape(-1, KV_HEADS, HEAD)
+    torch.testing.assert_close(flat_keys[slots], nxt.key[:2])
+
+
+def test_a_bad_value_written_after_a_good_step_is_still_caught() -> None:
+    batch = _batch([6, 5], [1, 1], seed=4, num_blocks=6)
+    _attend(batch)
+    batch.metadata.block_table[1, 0] = 77
+    with pytest.raises(ValueError, match=r"block_table\[1, 0\] = 77, but the cache has 6 blocks"):
+        _attend(batch)
+
+
+def test_the_same_metadata_against_a_smaller_cache_is_checked_again() -> None:
+    batch = _batch([6, 5], [1, 1], seed=5, num_blocks=8)
+    _attend(batch)
+    top = int(batch.metadata.block_table.max())
+    small = Batch(
+        batch.query,
+        batch.key,
+        batch.value,
+        batch.key_cache[:top].clone(),
+        batch.value_cache[:top].clone(),
+        batch.metadata,
+    )
+    with pytest.raises(ValueError, match=f"= {top}, but the cache has {top} blocks"):
+        _attend(small)
