@@ -30,7 +30,9 @@ def _batch(seq_lens: list[int], query_lens: list[int], *, seed: int, num_blocks:
 
 
 def _attend(batch: Batch, *, window: int | None = None) -> torch.Tensor:
-    impl = TorchAttentionBackend(HEADS, HEAD, KV_HEADS, 0.25, sliding_window=window)
+    impl = TorchAttentionBackend(
+        HEADS, HEAD, KV_HEADS, 0.25, sliding_window=window, cache_dtype=batch.key_cache.dtype
+    )
     return impl.forward(
         batch.query,
         batch.key,
@@ -114,3 +116,40 @@ def test_the_same_metadata_against_a_smaller_cache_is_checked_again() -> None:
     )
     with pytest.raises(ValueError, match=f"= {top}, but the cache has {top} blocks"):
         _attend(small)
+
+
+@pytest.mark.parametrize(
+    ("dtype", "cache_dtype"),
+    [
+        (torch.float32, torch.float32),
+        (torch.bfloat16, torch.bfloat16),
+        (torch.float32, torch.float8_e4m3fn),
+        (torch.bfloat16, torch.float8_e5m2),
+    ],
+)
+def test_layers_taking_turns_each_attend_their_own_cache(
+    dtype: torch.dtype, cache_dtype: torch.dtype
+) -> None:
+    """Gathers reuse buffers from layer to layer: no layer may see another's pages."""
+    layers = [
+        make_batch(
+            [21, 9, 14],
+            [1, 1, 6],
+            num_heads=HEADS,
+            num_kv_heads=KV_HEADS,
+            head_size=HEAD,
+            block_size=BLOCK,
+            dtype=dtype,
+            cache_dtype=cache_dtype,
+            seed=10 + i,
+        )
+        for i in range(3)
+    ]
+    # every layer shares the first one's metadata, as the layers of one model do
+    shared = layers[0].metadata
+    steps = [Batch(b.query, b.key, b.value, b.key_cache, b.value_cache, shared) for b in layers]
+    tol = {"rtol": 5e-2, "atol": 5e-2} if dtype == torch.bfloat16 else {}
+    for _ in range(2):
+        for step in steps:
+            out = _attend(step)[:8].float()
+            torch.testing.assert_close(out, _expected(step), **tol)
