@@ -7,6 +7,8 @@ output, so the gathered pages are only cast), and runs
 ``torch.nn.functional.scaled_dot_product_attention`` with causal and
 sliding-window masks and grouped heads. All decoding sequences (one query
 token each) run as one batched call; every other sequence runs on its own.
+On a CPU, 16-bit models attend in float32 (converted while the pages are
+gathered): CPU attention kernels are several times slower in 16 bits.
 
 What it derives from the metadata (the lengths read back, the value checks,
 the decode groups, gather indices and masks) is worked out by the first
@@ -71,9 +73,12 @@ class TorchAttentionBackend(AttentionBackend):
 
         out = torch.zeros_like(query)
         fp8 = key_cache.dtype in FP8_FORMATS
-        # q . (k * k_scale) == (q * k_scale) . k: scale the few queries, not the many keys
-        queries = query * _on(k_scale, query) if fp8 else query
-        pages = _Pages(key_cache, value_cache, plan.block_size, query.dtype)
+        compute = _compute_dtype(query)
+        queries = query.to(compute)
+        if fp8:
+            # q . (k * k_scale) == (q * k_scale) . k: scale the few queries, not the many keys
+            queries = queries * _on(k_scale, queries)
+        pages = _Pages(key_cache, value_cache, plan.block_size, compute)
         window = self.sliding_window
         for group in plan.decode_groups(pages.row_bytes):
             k, v = pages.gather(group.index, len(group.seqs), group.longest)
@@ -86,7 +91,7 @@ class TorchAttentionBackend(AttentionBackend):
                 scale=self.scale,
                 enable_gqa=k.shape[1] != q.shape[1],
             )
-            out.index_copy_(0, group.rows, result.squeeze(2))
+            out.index_copy_(0, group.rows, result.squeeze(2).to(out.dtype))
         for chunk in plan.prefills:
             k, v = pages.gather(chunk.index, 1, chunk.seq_len)
             q = queries[chunk.start : chunk.end].transpose(0, 1).unsqueeze(0)
@@ -104,6 +109,17 @@ class TorchAttentionBackend(AttentionBackend):
         if fp8:
             out *= _on(v_scale, out)
         return out
+
+
+def _compute_dtype(query: torch.Tensor) -> torch.dtype:
+    """The dtype attention runs in: float32 for 16-bit queries on a CPU, whose 16-bit
+    attention kernels are several times slower (the pages are converted while they are
+    gathered anyway); the query's own dtype elsewhere."""
+    import torch
+
+    if query.device.type == "cpu" and query.dtype in (torch.bfloat16, torch.float16):
+        return torch.float32
+    return query.dtype
 
 
 class _StepPlan:
@@ -269,9 +285,9 @@ class _Pages:
     fp8 pages are decoded exactly: ``float8_e5m2`` (the top byte of a
     float16) by torch's cast, which is fast for it, the other formats through
     a 256-entry table of their values in the compute dtype (several times
-    faster on CPUs than torch's cast). Pages are laid out contiguously for
-    attention unless they are already fp32 (16-bit attention on CPUs is much
-    slower on strided keys).
+    faster on CPUs than torch's cast). Pages already in the compute dtype
+    are left strided for fp32 (the CPU kernels read them as fast); others are
+    converted into contiguous buffers as they are copied.
     """
 
     def __init__(

@@ -1,8 +1,8 @@
-"""The torch backend shares one step's derived work across layers, and never serves stale work.
+"""The torch backend: work shared across a step's layers, never stale; float32 on CPUs.
 
 A model calls attention once per layer with the same metadata; an engine then
 refills the same buffers in place for its next step. Every call must attend
-exactly what its metadata says now.
+exactly what its metadata says now. 16-bit models on a CPU attend in float32.
 """
 
 from __future__ import annotations
@@ -153,3 +153,28 @@ def test_layers_taking_turns_each_attend_their_own_cache(
         for step in steps:
             out = _attend(step)[:8].float()
             torch.testing.assert_close(out, _expected(step), **tol)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_a_16_bit_model_on_the_cpu_attends_in_float32(dtype: torch.dtype) -> None:
+    """The result is the float64 answer rounded once to the model's dtype (nearly
+    everywhere), as attention computed in float32 gives and 16-bit attention does not."""
+    batch = make_batch(
+        [300, 257, 40],
+        [1, 1, 40],
+        num_heads=8,
+        num_kv_heads=2,
+        head_size=64,
+        block_size=16,
+        dtype=dtype,
+        seed=1,
+    )
+    impl = TorchAttentionBackend(8, 64, 2, 0.125)
+    out = impl.forward(
+        batch.query, batch.key, batch.value, batch.key_cache, batch.value_cache, batch.metadata
+    )
+    assert out.dtype == dtype
+    exact = reference_attention(
+        batch.query, batch.key_cache, batch.value_cache, batch.metadata, scale=0.125
+    ).to(dtype)
+    assert (out[:42] == exact).float().mean().item() > 0.99
