@@ -310,6 +310,20 @@ def test_forward_rejects_bad_arguments(change: tuple[Any, str]) -> None:
         call(edit(good()))
 
 
+@pytest.mark.parametrize("change", BAD_FORWARD.values(), ids=BAD_FORWARD.keys())
+def test_a_backend_that_accepted_good_arguments_still_rejects_bad_ones(
+    change: tuple[Any, str],
+) -> None:
+    """Layouts already checked are not checked again; any other layout still is."""
+    edit, message = change
+    impl = TorchAttentionBackend(4, 32, 2, 0.1)
+    args = good()
+    for _ in range(2):
+        impl.forward(**args)
+    with pytest.raises(ValueError, match=message):
+        impl.forward(**edit(args))
+
+
 @pytest.mark.parametrize(
     ("fields", "message"),
     [

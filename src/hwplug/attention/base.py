@@ -268,7 +268,14 @@ class AttentionBackend:
             device (the message names it). Values inside tensors are not checked
             by backends that must not synchronise with the device.
         """
-        self.check_inputs(query, key, value, key_cache, value_cache, metadata)
+        signature = _input_signature(query, key, value, key_cache, value_cache, metadata)
+        checked: set[tuple[Any, ...]] = self.__dict__.setdefault("_checked_inputs", set())
+        if signature is None or signature not in checked:
+            self.check_inputs(query, key, value, key_cache, value_cache, metadata)
+            if signature is not None:
+                if len(checked) >= _CHECKED_INPUTS_KEPT:
+                    checked.clear()
+                checked.add(signature)
         _check_scale("k_scale", k_scale, query)
         _check_scale("v_scale", v_scale, query)
         return self.attend(
@@ -361,6 +368,44 @@ class AttentionBackend:
         if len(set(devices.values())) > 1:
             listing = ", ".join(f"{k} on {v}" for k, v in devices.items())
             raise ValueError(f"all tensors must be on one device; got {listing}")
+
+
+_CHECKED_INPUTS_KEPT = 64
+"""Input layouts a backend instance remembers as checked (a few per model: one per step shape)."""
+
+
+def _input_signature(
+    query: Any, key: Any, value: Any, key_cache: Any, value_cache: Any, metadata: Any
+) -> tuple[Any, ...] | None:
+    """Everything :meth:`AttentionBackend.check_inputs` looks at, as a hashable key:
+    each tensor's type, shape, dtype and device, and where the caches lie in memory.
+    None when an argument is not what the checks expect (they then run and say why)."""
+    import torch
+
+    from hwplug.attention.metadata import AttentionMetadata
+
+    if type(metadata) is not AttentionMetadata:
+        return None
+    tensors = (
+        query,
+        key,
+        value,
+        metadata.query_start_loc,
+        metadata.seq_lens,
+        metadata.block_table,
+        metadata.slot_mapping,
+    )
+    if not all(type(t) is torch.Tensor for t in (*tensors, key_cache, value_cache)):
+        return None
+    layout = tuple((t.shape, t.dtype, t.device) for t in tensors)
+    try:
+        caches = tuple(
+            (t.shape, t.dtype, t.device, t.data_ptr(), t.stride(), t.untyped_storage().data_ptr())
+            for t in (key_cache, value_cache)
+        )
+    except (RuntimeError, NotImplementedError):  # tensors without storage (meta, fakes)
+        return None
+    return layout + caches
 
 
 def _dtype_name(dtype: object) -> str:
