@@ -122,7 +122,9 @@ class ModelRunner:
         return compiled
 
     # -- inputs -------------------------------------------------------------------------
-    def _host(self, values: Sequence[int], dtype: torch.dtype) -> torch.Tensor:
+    def _host(
+        self, values: Sequence[int] | Sequence[list[int]], dtype: torch.dtype
+    ) -> torch.Tensor:
         tensor = torch.tensor(values, dtype=dtype)
         return tensor.pin_memory() if self._pin else tensor
 
@@ -156,8 +158,8 @@ class ModelRunner:
         lens: list[int] = []
         rows: list[int] = []
         size = self.block_size
-        table = torch.zeros((len(step.seqs), self.max_blocks), dtype=torch.int32)
-        for b, (seq, n) in enumerate(zip(step.seqs, step.num_new)):
+        rows_of_blocks: list[list[int]] = []
+        for seq, n in zip(step.seqs, step.num_new):
             first = seq.num_computed
             end = first + n
             ids.extend(seq.tokens[first:end])
@@ -166,7 +168,7 @@ class ModelRunner:
             slots.extend(blocks[p // size] * size + p % size for p in range(first, end))
             starts.append(starts[-1] + n)
             lens.append(end)
-            table[b, : len(blocks)] = torch.tensor(blocks, dtype=torch.int32)
+            rows_of_blocks.append(blocks + [0] * (self.max_blocks - len(blocks)))
             rows.append(starts[-1] - 1 if end == len(seq.tokens) else -1)
         num_tokens = starts[-1]
         if self.eager_steps:
@@ -190,6 +192,7 @@ class ModelRunner:
             self._host(starts + [num_tokens] * extra, torch.int32), non_blocking=nb
         )
         self.seq_lens[:batch].copy_(self._host(lens + [0] * extra, torch.int32), non_blocking=nb)
+        table = self._host(rows_of_blocks, torch.int32)
         self.block_table[:num_seqs].copy_(table, non_blocking=nb)
         return mode, key, self._args(padded, batch), rows
 
