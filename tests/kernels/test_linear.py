@@ -10,7 +10,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
 
-from hwplug.kernels.linear import PackedLinear, pack_linears, packing_unavailable_reason
+from hwplug.kernels.linear import (
+    MIN_PACKED_BYTES,
+    PackedLinear,
+    pack_linears,
+    packing_unavailable_reason,
+)
 
 pytestmark = pytest.mark.skipif(
     packing_unavailable_reason(torch.ones(2, 2)) is not None,
@@ -70,7 +75,7 @@ def test_a_weight_changed_in_place_is_repacked() -> None:
 
 def test_load_state_dict_after_packing_takes_effect() -> None:
     model = nn.Sequential(_linear(16, 8, bias=True))
-    names = pack_linears(model)
+    names = pack_linears(model, min_bytes=0)
     assert names == ["0"]
     other = _linear(16, 8, bias=True)
     with torch.no_grad():
@@ -97,21 +102,21 @@ def test_pack_linears_swaps_linears_keeps_state_dict_and_ties() -> None:
     ids = torch.randint(0, 50, (2, 7))
     before = model(ids)
     keys = list(model.state_dict())
-    names = pack_linears(model)
+    names = pack_linears(model, min_bytes=0)
     assert sorted(names) == ["body.0", "body.2", "head"]
     assert all(isinstance(model.get_submodule(n), PackedLinear) for n in names)
     assert isinstance(model.body[1], nn.ReLU)
     assert list(model.state_dict()) == keys
     assert model.head.weight is model.embed.weight
     torch.testing.assert_close(model(ids), before)
-    assert pack_linears(model) == []  # already packed: nothing left to swap
+    assert pack_linears(model, min_bytes=0) == []  # already packed: nothing left to swap
 
 
 def test_compiled_graphs_call_the_packed_op() -> None:
     model = nn.Sequential(_linear(24, 40, bias=True), nn.SiLU(), _linear(40, 8, bias=False))
     x = torch.randn(6, 24)
     expected = model(x)
-    pack_linears(model)
+    pack_linears(model, min_bytes=0)
     compiled = torch.compile(model, fullgraph=True, dynamic=True)
     torch.testing.assert_close(compiled(x), expected, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(compiled(x[:1]), expected[:1], rtol=1e-5, atol=1e-5)
@@ -139,7 +144,7 @@ def test_a_copy_computes_with_its_own_weight() -> None:
 def test_weights_off_the_cpu_are_left_alone() -> None:
     with torch.device("meta"):
         model = nn.Sequential(nn.Linear(4, 4))
-    assert pack_linears(model) == []
+    assert pack_linears(model, min_bytes=0) == []
     assert type(model[0]) is nn.Linear
     reason = packing_unavailable_reason(model[0].weight)
     assert reason is not None and "meta" in reason and "CPU" in reason
@@ -171,7 +176,7 @@ def test_float16_packs_only_where_the_cpu_can() -> None:
         )
     else:
         assert "float16" in reason
-        assert pack_linears(nn.Sequential(nn.Linear(4, 4, dtype=torch.float16))) == []
+        assert pack_linears(nn.Sequential(nn.Linear(4, 4, dtype=torch.float16)), min_bytes=0) == []
 
 
 def test_a_bad_bias_is_refused() -> None:
@@ -187,6 +192,23 @@ def test_pack_linears_needs_a_module() -> None:
 def test_without_onednn_nothing_is_packed(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(torch.backends.mkldnn, "is_available", lambda: False)
     model = nn.Sequential(nn.Linear(4, 4))
-    assert pack_linears(model) == []
+    assert pack_linears(model, min_bytes=0) == []
     reason = packing_unavailable_reason(model[0].weight)
     assert reason is not None and "oneDNN" in reason
+
+
+def test_by_default_only_weights_worth_packing_are_packed() -> None:
+    model = nn.Sequential(
+        nn.Linear(32, 32, bias=False),  # 4 KiB: a packed call would cost more than it saves
+        nn.Linear(512, 512, bias=False),  # 1 MiB
+    ).requires_grad_(False)
+    assert MIN_PACKED_BYTES == 1 << 20
+    assert pack_linears(model) == ["1"]
+    assert type(model[0]) is nn.Linear
+    assert pack_linears(model, min_bytes=4096) == ["0"]
+
+
+@pytest.mark.parametrize("bad", [-1, 1.5, True, "1"])
+def test_min_bytes_must_be_a_non_negative_integer(bad: object) -> None:
+    with pytest.raises(ValueError, match="min_bytes must be a non-negative integer, got"):
+        pack_linears(nn.Sequential(), min_bytes=bad)  # type: ignore[arg-type]
