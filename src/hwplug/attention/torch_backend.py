@@ -82,16 +82,14 @@ class TorchAttentionBackend(AttentionBackend):
         window = self.sliding_window
         for group in plan.decode_groups(pages.row_bytes):
             k, v = pages.gather(group.index, len(group.seqs), group.longest)
-            q = queries.index_select(0, group.rows).unsqueeze(2)  # [n, heads, 1, head_size]
+            # One query token per sequence: the query heads sharing a key/value head
+            # attend as that head's rows ([n, kv_heads, group, head_size]), no repeats.
+            q = queries.index_select(0, group.rows)
+            q = q.view(q.shape[0], self.num_kv_heads, -1, q.shape[-1])
             result = torch.nn.functional.scaled_dot_product_attention(
-                q,
-                k,
-                v,
-                attn_mask=group.mask(window),
-                scale=self.scale,
-                enable_gqa=k.shape[1] != q.shape[1],
+                q, k, v, attn_mask=group.mask(window), scale=self.scale
             )
-            out.index_copy_(0, group.rows, result.squeeze(2).to(out.dtype))
+            out.index_copy_(0, group.rows, result.flatten(1, 2).to(out.dtype))
         for chunk in plan.prefills:
             k, v = pages.gather(chunk.index, 1, chunk.seq_len)
             q = queries[chunk.start : chunk.end].transpose(0, 1).unsqueeze(0)

@@ -10,13 +10,15 @@ Inductor does this only when it freezes the model, which also bakes every
 buffer into the graph, fp8 KV scales included.
 
 :func:`pack_linears` swaps a model's ``nn.Linear`` layers (those of at least
-:data:`MIN_PACKED_BYTES`) for :class:`PackedLinear` after its weights are loaded. A packed layer keeps its
-dense ``weight`` (the state dict does not change) and runs the
-``hwplug::packed_linear`` custom op, opaque to ``torch.compile``, so
-compiled graphs call oneDNN too. It falls back to ``torch.nn.functional.linear``
-wherever packing does not apply: weights off the CPU, dtypes oneDNN cannot
-pack on this CPU (float16 without AVX512-FP16), a torch built without
-oneDNN, and autograd. A weight changed in place is repacked at its next use.
+:data:`MIN_PACKED_BYTES`) for :class:`PackedLinear` after its weights are
+loaded. A packed layer keeps its dense ``weight`` (the state dict does not
+change) and runs the ``hwplug::packed_linear`` custom op, opaque to
+``torch.compile``, so compiled graphs call oneDNN too. It falls back to
+``torch.nn.functional.linear`` wherever packing does not apply: weights off
+the CPU, dtypes oneDNN cannot pack on this CPU (float16 without
+AVX512-FP16), a torch built without oneDNN, and autograd. A weight changed
+in place is repacked at its next use. The packed copy is kept beside the
+dense weight, so packed layers take twice their weights' memory.
 
 Results equal ``torch.nn.functional.linear``'s up to float rounding (the sum
 runs in another order: about 1e-6 relative in float32).
