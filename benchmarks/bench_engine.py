@@ -4,9 +4,10 @@ Writes a small random Llama checkpoint (4 layers, hidden 512, vocabulary
 8192), then generates greedily for 16 prompts of 128 tokens, 128 new tokens
 each, with transformers' ``generate()`` (one batch, KV cache, SDPA) and with
 tiny_engine (continuous batching, paged attention through hwplug, the CPU's
-resolved compilation). Both run fp32 in this process, taking turns; each
-timing is the best of ``--repeats`` runs on fresh prompts (no prefix-cache
-hits). Prints JSON: end-to-end and decode throughput of each, and the ratios.
+resolved compilation, linear weights packed for oneDNN). Both run fp32 in
+this process, taking turns; each timing is the best of ``--repeats`` runs on
+fresh prompts (no prefix-cache hits). Prints JSON: end-to-end and decode
+throughput of each, and the ratios.
 
 Decode throughput is the tokens after the first divided by the time after the
 prefill (the end-to-end time minus the time of a one-token generation).
@@ -177,6 +178,7 @@ def main(argv: list[str] | None = None) -> int:
             **te_fig,
             "init_seconds": round(init_s, 2),
             "attention_backend": stats["attention_backend"],
+            "packed_linears": stats["packed_linears"],
             "compilation_level": stats["compilation_level"],
             "cudagraph_mode": stats["cudagraph_mode"],
             "num_blocks": stats["num_blocks"],
