@@ -12,8 +12,14 @@ throughput of each, and the ratios.
 Decode throughput is the tokens after the first divided by the time after the
 prefill (the end-to-end time minus the time of a one-token generation).
 
-``python benchmarks/bench_engine.py [--layers 4 --hidden 512 --batch 16
---prompt-len 128 --max-tokens 128 --repeats 3 --threads N --set section.field=value]``
+On a GPU machine ``--device cuda`` runs both on the GPU: transformers'
+model moved there, tiny_engine on the current (CUDA or ROCm) platform as it
+resolves (piecewise compilation, captured CUDA graphs, Triton attention),
+timed after a device synchronisation.
+
+``python benchmarks/bench_engine.py [--device cpu|cuda --layers 4 --hidden 512
+--batch 16 --prompt-len 128 --max-tokens 128 --repeats 3 --threads N --set
+section.field=value]``
 """
 
 from __future__ import annotations
@@ -39,6 +45,7 @@ def _import_engine() -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--hidden", type=int, default=512)
     parser.add_argument("--heads", type=int, default=8)
@@ -62,6 +69,17 @@ def main(argv: list[str] | None = None) -> int:
     from tiny_engine.make_checkpoint import make_checkpoint
 
     from hwplug.cli import parse_set_option
+
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print(
+            "bench_engine: --device cuda needs a CUDA or ROCm GPU; none is visible", file=sys.stderr
+        )
+        return 2
+    device = torch.device(args.device)
+
+    def sync() -> None:
+        if device.type == "cuda":
+            torch.cuda.synchronize()
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -87,13 +105,18 @@ def main(argv: list[str] | None = None) -> int:
         )
 
         # -- transformers --------------------------------------------------------------
-        hf: Any = transformers.AutoModelForCausalLM.from_pretrained(
-            path, dtype=getattr(torch, args.dtype)
-        ).eval()
+        hf: Any = (
+            transformers.AutoModelForCausalLM.from_pretrained(
+                path, dtype=getattr(torch, args.dtype)
+            )
+            .to(device)
+            .eval()
+        )
 
         def hf_run(tokens: int) -> Callable[[int], float]:
             def run(i: int) -> float:
-                ids = torch.tensor(prompts(i))
+                ids = torch.tensor(prompts(i), device=device)
+                sync()
                 start = time.perf_counter()
                 with torch.inference_mode():
                     hf.generate(
@@ -104,6 +127,7 @@ def main(argv: list[str] | None = None) -> int:
                         do_sample=False,
                         pad_token_id=0,
                     )
+                sync()
                 return time.perf_counter() - start
 
             return run
@@ -118,14 +142,17 @@ def main(argv: list[str] | None = None) -> int:
             (section, field, *_), value = parse_set_option(text)
             config.setdefault(section, {})[field] = value
         start = time.perf_counter()
-        llm = LLM(path, config=config)
+        # cpu: the CPU platform even on a GPU machine; cuda: the current platform
+        llm = LLM(path, config=config, platform="cpu" if device.type == "cpu" else None)
         init_s = time.perf_counter() - start
 
         def te_run(tokens: int) -> Callable[[int], float]:
             def run(i: int) -> float:
                 batch_prompts = prompts(i)
+                sync()
                 start = time.perf_counter()
                 llm.generate(batch_prompts, max_tokens=tokens, ignore_eos=True)
+                sync()
                 return time.perf_counter() - start
 
             return run
@@ -162,6 +189,7 @@ def main(argv: list[str] | None = None) -> int:
             "prompt_len": plen,
             "max_tokens": new,
             "dtype": args.dtype,
+            "device": args.device,
             "threads": torch.get_num_threads(),
         },
         "model": {
@@ -181,6 +209,8 @@ def main(argv: list[str] | None = None) -> int:
             "packed_linears": stats["packed_linears"],
             "compilation_level": stats["compilation_level"],
             "cudagraph_mode": stats["cudagraph_mode"],
+            "graphs_captured": stats["graphs_captured"],
+            "platform": stats["platform"],
             "num_blocks": stats["num_blocks"],
         },
         "ratio_e2e": round(te_fig["e2e_tokens_per_s"] / hf_fig["e2e_tokens_per_s"], 2),

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Run every GPU-marked test in the repository, a CUDA-graph capture/replay check of the
-# Triton attention, then the KV-write and attention benchmarks if present.
+# Triton attention, then the KV-write, attention and engine benchmarks if present.
 # Usage: scripts/gpu_checks.sh   (from anywhere; uses .venv/bin/python when it exists)
 # With $OUT set, results go under it: pytest.txt, junit.xml, attention_graph.txt,
-# bench_kv_write.json, bench_attention.json, nvidia-smi.txt.
+# bench_kv_write.json, bench_attention.json, bench_engine.json, conformance.json,
+# nvidia-smi.txt.
 set -uo pipefail
 
 cd "$(dirname "$0")/.."
@@ -41,6 +42,13 @@ fi
 # exits 1 when its own CUDA-graph replay differs from an eager forward
 if [ -f benchmarks/bench_attention.py ]; then
     "$PYTHON" benchmarks/bench_attention.py 2>&1 | save bench_attention.json
+    [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+fi
+
+# tiny_engine on the GPU (piecewise compilation, real CUDA graphs, Triton attention)
+# against transformers' generate() on the GPU
+if [ -f benchmarks/bench_engine.py ]; then
+    "$PYTHON" benchmarks/bench_engine.py --device cuda 2>&1 | save bench_engine.json
     [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 fi
 
