@@ -77,3 +77,23 @@ def test_eos_ends_a_generation_and_is_included(
     llm.spec = type(llm.spec)(**{**llm.spec.__dict__, "eos_token_ids": (free[2],)})
     stopped = llm.generate([prompt], max_tokens=10)[0]
     assert stopped == free[: free.index(free[2]) + 1]
+
+
+def test_packed_linears_keep_the_tokens(make_ckpt: Callable[..., Path]) -> None:
+    """A checkpoint large enough that its CPU weights are packed for oneDNN, compiled
+    as the CPU resolves it: still transformers' tokens."""
+    from tiny_engine import LLM
+
+    path = make_ckpt(
+        "llama-packed", arch="llama", hidden=512, heads=8, kv_heads=4, vocab=1024, init_std=0.05
+    )
+    config = cpu_config()
+    del config["model"]["enforce_eager"]
+    llm = LLM(path, config=config)
+    assert llm.stats["packed_linears"] == 2 * 4 + 1  # qkv, o, gate_up, down per layer; lm_head
+    assert llm.stats["compilation_level"] == 2
+    prompts = prompts_of(LENGTHS, vocab=1024)
+    ours = llm.generate(prompts, max_tokens=MAX_TOKENS, ignore_eos=True)
+    ref = Reference(path)
+    for prompt, out in zip(prompts, ours):
+        assert_matches(ref, prompt, out, ref.generate(prompt, MAX_TOKENS))
