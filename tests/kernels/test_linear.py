@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import io
 
 import pytest
 import torch
@@ -129,6 +130,24 @@ def test_autograd_still_works_through_the_dense_weight() -> None:
     packed(x).sum().backward()
     assert x.grad is not None and dense.weight.grad is not None
     torch.testing.assert_close(dense.weight.grad, x.detach().sum(0).expand(4, 8))
+
+
+def test_a_saved_and_loaded_model_packs_again() -> None:
+    model = nn.Sequential(_linear(64, 32, bias=True))
+    pack_linears(model, min_bytes=0)
+    buffer = io.BytesIO()
+    torch.save(model, buffer)
+    buffer.seek(0)
+    loaded = torch.load(buffer, weights_only=False)
+    assert isinstance(loaded[0], PackedLinear)
+    x = torch.randn(3, 64)
+    torch.testing.assert_close(loaded(x), model(x))
+    with torch.no_grad():
+        loaded[0].weight.zero_()
+    torch.testing.assert_close(loaded(x), loaded[0].bias.expand(3, 32))
+    torch.testing.assert_close(
+        model(x), torch.nn.functional.linear(x, model[0].weight, model[0].bias)
+    )
 
 
 def test_a_copy_computes_with_its_own_weight() -> None:

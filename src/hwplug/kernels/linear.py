@@ -30,7 +30,7 @@ import itertools
 import threading
 import weakref
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -162,11 +162,25 @@ class PackedLinear(torch.nn.Module):
         self.bias = bias
         self.in_features = int(weight.shape[1])
         self.out_features = int(weight.shape[0])
-        self._op = _packed_linear_op()
-        self.handle = next(_handles)
+        _packed_linear_op()
+        self.handle = 0
         """The key of this layer's packed weight in the op's registry (a graph constant)."""
-        _registry[self.handle] = _Packed(_pack(weight), weight.data_ptr(), _version(weight))
-        weakref.finalize(self, _registry.pop, self.handle, None)
+        self._register()
+
+    def _register(self) -> None:
+        """Pack the weight under a new handle (none when it cannot be packed here)."""
+        self.handle = next(_handles)
+        weight = self.weight
+        if packing_unavailable_reason(weight) is None:
+            _registry[self.handle] = _Packed(_pack(weight), weight.data_ptr(), _version(weight))
+            weakref.finalize(self, _registry.pop, self.handle, None)
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        # An unpickled or deep-copied layer packs its own weight under its own handle
+        # (one loaded onto another device runs torch.nn.functional.linear).
+        super().__setstate__(state)
+        _packed_linear_op()
+        self._register()
 
     @classmethod
     def from_linear(cls, linear: torch.nn.Linear) -> PackedLinear:
@@ -177,7 +191,8 @@ class PackedLinear(torch.nn.Module):
         needs_grad = x.requires_grad or self.weight.requires_grad
         if needs_grad and torch.is_grad_enabled():
             return torch.nn.functional.linear(x, self.weight, self.bias)
-        return self._op(x, self.weight, self.bias, self.handle)
+        op = _op if _op is not None else _packed_linear_op()
+        return op(x, self.weight, self.bias, self.handle)
 
     def extra_repr(self) -> str:
         return (
