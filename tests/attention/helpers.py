@@ -67,6 +67,10 @@ class Batch:
     value_cache: torch.Tensor
     metadata: AttentionMetadata
 
+    def args(self) -> tuple[torch.Tensor | AttentionMetadata, ...]:
+        """The positional arguments of ``AttentionBackend.forward``, in order."""
+        return (self.query, self.key, self.value, self.key_cache, self.value_cache, self.metadata)
+
 
 def make_batch(
     seq_lens: list[int],

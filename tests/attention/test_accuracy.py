@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 from hwplug.attention import AttentionBackend, TorchAttentionBackend, TritonAttentionBackend
 from hwplug.kernels import FP8_FORMATS, write_kv_cache
-from tests.attention.helpers import Batch, make_batch, reference_attention
+from tests.attention.helpers import make_batch, reference_attention
 
 FP8 = [torch.float8_e4m3fn, torch.float8_e4m3fnuz, torch.float8_e5m2]
 TOLERANCE = {torch.float32: 1e-4, torch.bfloat16: 2e-2, torch.float16: 2e-2}
@@ -126,7 +126,7 @@ def run_case(backend: type[AttentionBackend], case: Case) -> None:
         backend="torch",
     )
 
-    out = impl.forward(*_args(batch), k_scale=k_scale, v_scale=v_scale)
+    out = impl.forward(*batch.args(), k_scale=k_scale, v_scale=v_scale)
 
     assert out.shape == batch.query.shape
     assert out.dtype == case.dtype
@@ -145,17 +145,6 @@ def run_case(backend: type[AttentionBackend], case: Case) -> None:
     got = out[: want.shape[0]].to(torch.float64)
     error = (got - want).abs().max().item() if want.numel() else 0.0
     assert error <= TOLERANCE[case.dtype], f"max abs error {error:.3g} for {case}"
-
-
-def _args(batch: Batch) -> tuple[object, ...]:
-    return (
-        batch.query,
-        batch.key,
-        batch.value,
-        batch.key_cache,
-        batch.value_cache,
-        batch.metadata,
-    )
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -236,7 +225,7 @@ def test_a_window_changes_the_result(backend: type[AttentionBackend]) -> None:
     outs = []
     for window in (None, 4):
         impl = backend(2, 32, 1, 32**-0.5, sliding_window=window)
-        outs.append(impl.forward(*_args(batch)))
+        outs.append(impl.forward(*batch.args()))
     assert not torch.allclose(outs[0], outs[1])
 
 
@@ -262,7 +251,7 @@ def test_an_all_padding_batch_writes_nothing(backend: type[AttentionBackend]) ->
     batch = make_batch([4], [0], num_heads=2, num_kv_heads=2, head_size=32, block_size=4, padding=3)
     before = batch.key_cache.clone()
     impl = backend(2, 32, 2, 0.1)
-    out = impl.forward(*_args(batch))
+    out = impl.forward(*batch.args())
     assert out.shape == (3, 2, 32)
     assert torch.equal(batch.key_cache, before)
 

@@ -7,6 +7,8 @@ exactly what its metadata says now. 16-bit models on a CPU attend in float32.
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 
@@ -16,7 +18,7 @@ from tests.attention.helpers import Batch, make_batch, reference_attention
 HEADS, KV_HEADS, HEAD, BLOCK = 4, 2, 16, 4
 
 
-def _batch(seq_lens: list[int], query_lens: list[int], *, seed: int, num_blocks: int) -> Batch:
+def _batch(seq_lens: list[int], query_lens: list[int], **options: Any) -> Batch:
     return make_batch(
         seq_lens,
         query_lens,
@@ -24,8 +26,7 @@ def _batch(seq_lens: list[int], query_lens: list[int], *, seed: int, num_blocks:
         num_kv_heads=KV_HEADS,
         head_size=HEAD,
         block_size=BLOCK,
-        seed=seed,
-        num_blocks=num_blocks,
+        **options,
     )
 
 
@@ -33,14 +34,7 @@ def _attend(batch: Batch, *, window: int | None = None) -> torch.Tensor:
     impl = TorchAttentionBackend(
         HEADS, HEAD, KV_HEADS, 0.25, sliding_window=window, cache_dtype=batch.key_cache.dtype
     )
-    return impl.forward(
-        batch.query,
-        batch.key,
-        batch.value,
-        batch.key_cache,
-        batch.value_cache,
-        batch.metadata,
-    )
+    return impl.forward(*batch.args())
 
 
 def _expected(batch: Batch, *, window: int | None = None) -> torch.Tensor:
@@ -132,17 +126,7 @@ def test_layers_taking_turns_each_attend_their_own_cache(
 ) -> None:
     """Gathers reuse buffers from layer to layer: no layer may see another's pages."""
     layers = [
-        make_batch(
-            [21, 9, 14],
-            [1, 1, 6],
-            num_heads=HEADS,
-            num_kv_heads=KV_HEADS,
-            head_size=HEAD,
-            block_size=BLOCK,
-            dtype=dtype,
-            cache_dtype=cache_dtype,
-            seed=10 + i,
-        )
+        _batch([21, 9, 14], [1, 1, 6], dtype=dtype, cache_dtype=cache_dtype, seed=10 + i)
         for i in range(3)
     ]
     # every layer shares the first one's metadata, as the layers of one model do
@@ -170,9 +154,7 @@ def test_a_16_bit_model_on_the_cpu_attends_in_float32(dtype: torch.dtype) -> Non
         seed=1,
     )
     impl = TorchAttentionBackend(8, 64, 2, 0.125)
-    out = impl.forward(
-        batch.query, batch.key, batch.value, batch.key_cache, batch.value_cache, batch.metadata
-    )
+    out = impl.forward(*batch.args())
     assert out.dtype == dtype
     exact = reference_attention(
         batch.query, batch.key_cache, batch.value_cache, batch.metadata, scale=0.125
