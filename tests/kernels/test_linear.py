@@ -74,6 +74,17 @@ def test_a_weight_changed_in_place_is_repacked() -> None:
     torch.testing.assert_close(packed(x), dense(x))
 
 
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float16, torch.bfloat16])
+def test_a_layer_converted_after_packing_still_computes(dtype: torch.dtype) -> None:
+    model = nn.Sequential(_linear(32, 16, bias=True))
+    pack_linears(model, min_bytes=0)
+    model.to(dtype)
+    x = torch.randn(4, 32, dtype=dtype)
+    want = torch.nn.functional.linear(x.double(), model[0].weight.double(), model[0].bias.double())
+    tol = 1e-6 if dtype == torch.float64 else 5e-2
+    torch.testing.assert_close(model(x).double(), want, rtol=tol, atol=tol)
+
+
 def test_load_state_dict_after_packing_takes_effect() -> None:
     model = nn.Sequential(_linear(16, 8, bias=True))
     names = pack_linears(model, min_bytes=0)

@@ -106,7 +106,11 @@ def _register_op() -> Callable[..., torch.Tensor]:
         if entry is None or x.device.type != "cpu" or x.dtype != weight.dtype:
             return torch.nn.functional.linear(x, weight, bias)
         if entry.data_ptr != weight.data_ptr() or entry.version != _version(weight):
-            entry.packed = _pack(weight)  # changed in place (or reloaded) since packing
+            # changed in place, reloaded or converted since packing
+            if packing_unavailable_reason(weight) is not None:
+                _registry.pop(handle, None)  # e.g. converted to float64: dense from now on
+                return torch.nn.functional.linear(x, weight, bias)
+            entry.packed = _pack(weight)
             entry.data_ptr, entry.version = weight.data_ptr(), _version(weight)
         out_features = weight.shape[0]
         rows = x.reshape(-1, x.shape[-1])
