@@ -26,6 +26,7 @@ runs in another order: about 1e-6 relative in float32).
 
 from __future__ import annotations
 
+import functools
 import itertools
 import threading
 import weakref
@@ -68,6 +69,24 @@ def _pack(weight: torch.Tensor) -> torch.Tensor:
     return packed
 
 
+@functools.cache
+def _kernel_problem(dtype: torch.dtype) -> str | None:
+    """Whether oneDNN packs and multiplies ``dtype`` on this CPU, tried once on a tiny
+    product: the 16-bit paths need CPU instructions, and some builds (other CPU
+    architectures) lack a kernel, which torch reports only on first use."""
+    name = str(dtype).removeprefix("torch.")
+    try:
+        packed = _pack(torch.ones(2, 2, dtype=dtype))
+        out = torch.ops.mkldnn._linear_pointwise(
+            torch.ones(1, 2, dtype=dtype), packed, None, "none", [], ""
+        )
+    except (RuntimeError, NotImplementedError) as exc:
+        return f"oneDNN cannot pack {name} weights here: {str(exc).splitlines()[0]}"
+    if out.tolist() != [[2.0, 2.0]]:
+        return f"oneDNN's packed {name} product gave a wrong result on this CPU"
+    return None
+
+
 def packing_unavailable_reason(weight: torch.Tensor) -> str | None:
     """Why ``weight`` cannot be packed for oneDNN here, or None when it can.
 
@@ -86,11 +105,7 @@ def packing_unavailable_reason(weight: torch.Tensor) -> str | None:
         torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
     ):
         return "this torch build has no oneDNN (mkldnn) linear kernels"
-    if weight.dtype != torch.float32 and weight.numel():
-        try:  # the 16-bit paths need CPU instructions that torch checks on first use
-            _pack(weight[:1, :1].contiguous())
-        except RuntimeError as exc:
-            return f"oneDNN cannot pack {str(weight.dtype).removeprefix('torch.')} here: {exc}"
+    return _kernel_problem(weight.dtype)
     return None
 
 
