@@ -216,64 +216,74 @@ class _StepPlan:
         return groups
 
 
-class _DecodeGroup:
+class _Masked:
+    """A piece of a step whose attention mask depends on the layer's sliding window:
+    made on first use per window, then reused by every layer with that window."""
+
+    def __init__(self) -> None:
+        self._masks: dict[int | None, torch.Tensor | None] = {}
+
+    def mask(self, window: int | None) -> torch.Tensor | None:
+        """The mask for ``window`` (None: no mask needed)."""
+        if window not in self._masks:
+            self._masks[window] = self._make_mask(window)
+        return self._masks[window]
+
+    def _make_mask(self, window: int | None) -> torch.Tensor | None:
+        raise NotImplementedError
+
+
+class _DecodeGroup(_Masked):
     """Sequences decoding one token each, attended in one batched call."""
 
     def __init__(self, plan: _StepPlan, seqs: list[int]) -> None:
         import torch
 
+        super().__init__()
         self.seqs = seqs
         self.seq_lens = [plan.lens[b] for b in seqs]
         self.longest = max(self.seq_lens)
         self.rows = torch.tensor([plan.starts[b] for b in seqs], device=plan.device)
         self.index = plan.index(seqs, self.longest)
         self._device = plan.device
-        self._masks: dict[int | None, torch.Tensor | None] = {}
 
-    def mask(self, window: int | None) -> torch.Tensor | None:
+    def _make_mask(self, window: int | None) -> torch.Tensor | None:
         """Which gathered positions each sequence attends to (None: all of them)."""
         import torch
 
-        if window in self._masks:
-            return self._masks[window]
-        mask = None
-        if min(self.seq_lens) != self.longest or (window is not None and window < self.longest):
-            length = torch.tensor(self.seq_lens, device=self._device).unsqueeze(1)
-            positions = torch.arange(self.longest, device=self._device).unsqueeze(0)
-            keep = positions < length
-            if window is not None:
-                keep &= positions >= length - window
-            mask = keep[:, None, None, :]
-        self._masks[window] = mask
-        return mask
+        if min(self.seq_lens) == self.longest and (window is None or window >= self.longest):
+            return None
+        length = torch.tensor(self.seq_lens, device=self._device).unsqueeze(1)
+        positions = torch.arange(self.longest, device=self._device).unsqueeze(0)
+        keep = positions < length
+        if window is not None:
+            keep &= positions >= length - window
+        return keep[:, None, None, :]
 
 
-class _Prefill:
+class _Prefill(_Masked):
     """One sequence with several query tokens: the last ``end - start`` of its context."""
 
     def __init__(self, plan: _StepPlan, b: int, start: int, end: int, seq_len: int) -> None:
+        super().__init__()
         self.start = start
         self.end = end
         self.seq_len = seq_len
         self.index = plan.index([b], seq_len)
         self._device = plan.device
-        self._masks: dict[int | None, torch.Tensor | None] = {}
 
-    def mask(self, window: int | None) -> torch.Tensor | None:
+    def _make_mask(self, window: int | None) -> torch.Tensor | None:
         """The causal (and window) mask; None when plain causal attention does."""
         import torch
 
-        if window in self._masks:
-            return self._masks[window]
         q_len, seq_len = self.end - self.start, self.seq_len
-        mask = None
-        if q_len != seq_len or (window is not None and window < seq_len):
-            positions = torch.arange(seq_len, device=self._device).unsqueeze(0)
-            query_pos = torch.arange(seq_len - q_len, seq_len, device=self._device).unsqueeze(1)
-            mask = positions <= query_pos
-            if window is not None:
-                mask &= positions > query_pos - window
-        self._masks[window] = mask
+        if q_len == seq_len and (window is None or window >= seq_len):
+            return None
+        positions = torch.arange(seq_len, device=self._device).unsqueeze(0)
+        query_pos = torch.arange(seq_len - q_len, seq_len, device=self._device).unsqueeze(1)
+        mask = positions <= query_pos
+        if window is not None:
+            mask &= positions > query_pos - window
         return mask
 
 
