@@ -4,7 +4,7 @@ Writes a small random Llama checkpoint (4 layers, hidden 512, vocabulary
 8192), then generates greedily for 16 prompts of 128 tokens, 128 new tokens
 each, with transformers' ``generate()`` (one batch, KV cache, SDPA) and with
 tiny_engine (continuous batching, paged attention through hwplug, the CPU's
-resolved compilation, linear weights packed for oneDNN). Both run fp32 in
+resolved compilation). Both run fp32 in
 this process, taking turns; each timing is the best of ``--repeats`` runs on
 fresh prompts (no prefix-cache hits). Prints JSON: end-to-end and decode
 throughput of each, and the ratios.
@@ -206,7 +206,6 @@ def main(argv: list[str] | None = None) -> int:
             **te_fig,
             "init_seconds": round(init_s, 2),
             "attention_backend": stats["attention_backend"],
-            "packed_linears": stats["packed_linears"],
             "compilation_level": stats["compilation_level"],
             "cudagraph_mode": stats["cudagraph_mode"],
             "graphs_captured": stats["graphs_captured"],

@@ -20,19 +20,24 @@ class Reference:
         self.model: Any = transformers.AutoModelForCausalLM.from_pretrained(
             path, dtype=torch.float32
         ).eval()
+        # Greedy to the full length without suppressing any token: ``min_new_tokens``
+        # would mask the end-of-sequence logit, which ``ignore_eos`` does not do.
+        self.model.generation_config.eos_token_id = None
 
     def generate(self, prompt: list[int], max_tokens: int) -> list[int]:
-        """``generate()``'s greedy tokens, never stopping early."""
+        """``generate()``'s greedy tokens, never stopping early and never suppressing
+        the end-of-sequence token (as tiny_engine's ``ignore_eos``)."""
         torch = self.torch
         with torch.no_grad():
             out = self.model.generate(
                 torch.tensor([prompt]),
                 max_new_tokens=max_tokens,
-                min_new_tokens=max_tokens,
                 do_sample=False,
                 pad_token_id=0,
             )
-        return [int(t) for t in out[0, len(prompt) :]]
+        tokens = [int(t) for t in out[0, len(prompt) :]]
+        assert len(tokens) == max_tokens, "transformers stopped early"
+        return tokens
 
     def top_two_gap(self, tokens: list[int]) -> float:
         """The gap between transformers' two largest logits for the token after ``tokens``."""

@@ -133,7 +133,10 @@ def test_preempted_sequences_finish_with_all_their_tokens() -> None:
 def test_a_sequence_larger_than_the_pool_is_an_error() -> None:
     s = scheduler(pool(blocks=2))
     s.add(Sequence(0, [1] * 12, 12, 1))
-    with pytest.raises(RuntimeError, match="cannot hold one sequence of 12 tokens"):
+    with pytest.raises(
+        RuntimeError,
+        match="cannot start a sequence of 12 tokens: its next step needs 3 blocks of 4 tokens and 2 of the cache.s 2 are free",
+    ):
         s.schedule()
 
 

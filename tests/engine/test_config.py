@@ -87,7 +87,10 @@ def test_transformers_4_rope_spelling_reads_the_same(llama: Path, tmp_path: Path
     ("change", "message"),
     [
         ({"architectures": ["MistralForCausalLM"]}, "unsupported architecture"),
-        ({"rope_parameters": {"rope_type": "dynamic", "factor": 2.0}}, "rope scaling 'dynamic'"),
+        (
+            {"rope_parameters": {"rope_type": "dynamic", "factor": 2.0}},
+            "rope_parameters.rope_type 'dynamic' is not supported",
+        ),
         ({"hidden_act": "gelu"}, "hidden_act 'gelu'"),
         ({"num_attention_heads": 3}, "not a multiple"),
     ],

@@ -276,8 +276,8 @@ class AttentionBackend:
                 if len(checked) >= _CHECKED_INPUTS_KEPT:
                     checked.clear()
                 checked.add(signature)
-        _check_scale("k_scale", k_scale, query)
-        _check_scale("v_scale", v_scale, query)
+        check_scale("k_scale", k_scale, query)
+        check_scale("v_scale", v_scale, query)
         return self.attend(
             query, key, value, key_cache, value_cache, metadata, k_scale=k_scale, v_scale=v_scale
         )
@@ -424,7 +424,7 @@ def _check_tensor(name: str, t: object, shape: tuple[int | None, ...], layout: s
         raise ValueError(f"{name} must have shape {layout} = [{expected}]; got {list(t.shape)}")
 
 
-def _check_scale(name: str, scale: object, query: torch.Tensor) -> None:
+def check_scale(name: str, scale: object, query: torch.Tensor) -> None:
     """A scale is a positive finite float, or a 1-element float32 tensor (not read)."""
     import torch
 

@@ -66,8 +66,12 @@ def unified_attention(
     The same arguments and semantics as :meth:`AttentionBackend.forward`, with
     the backend named by ``backend`` (see :func:`hwplug.attention.get_backend`)
     and built for the heads of ``query`` and ``key``, ``scale``,
-    ``sliding_window`` and the caches' dtype. Float scales become 0-d
-    tensors on the query's device (a fill, not a host-to-device copy).
+    ``sliding_window`` and the caches' dtype. Float scales are checked as
+    ``forward`` checks them (positive and finite) and become 0-d tensors on
+    the query's device (a fill, not a host-to-device copy).
+
+    :raises ValueError: a scale that is not a positive finite float or a 0-d
+        float32 tensor.
 
     With ``out`` (a tensor of the query's shape, made by the code before the
     call, such as ``torch.empty_like(query)``) the result is written there
@@ -77,6 +81,11 @@ def unified_attention(
     """
     op = _op if _op is not None else register_unified_attention()
     from hwplug.attention._unified_op import OP_WITH_OUTPUT, as_scale_tensor
+    from hwplug.attention.base import check_scale
+
+    # A float scale becomes a tensor here, past forward()'s own check: check it first.
+    check_scale("k_scale", k_scale, query)
+    check_scale("v_scale", v_scale, query)
 
     tail = (
         key_cache,

@@ -7,13 +7,13 @@ is at fault. Nothing here imports torch.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable, Mapping
 from types import MappingProxyType
 
 from hwplug.attention.base import AttentionBackend
 from hwplug.attention.torch_backend import TorchAttentionBackend
 from hwplug.attention.triton_backend import TritonAttentionBackend
+from hwplug.core.config.attention import BACKEND_NAME
 from hwplug.core.errors import ConfigError, PluginError, brief
 from hwplug.core.graphs import AttentionGraphSupport
 
@@ -23,8 +23,6 @@ BUILTIN_BACKENDS: Mapping[str, type[AttentionBackend]] = MappingProxyType(
     {cls.name: cls for cls in (TorchAttentionBackend, TritonAttentionBackend)}
 )
 """The backends that ship with hwplug, by name (read-only)."""
-
-_NAME = re.compile(r"[a-z][a-z0-9_.-]*")
 
 
 def _owner(plugin: str, distribution: str) -> str:
@@ -38,7 +36,7 @@ def _check_backend(item: object, owner: str) -> type[AttentionBackend]:
             "must be a subclass of hwplug.attention.AttentionBackend"
         )
     name = item.__dict__.get("name", item.name)
-    if not isinstance(name, str) or not _NAME.fullmatch(name):
+    if not isinstance(name, str) or not BACKEND_NAME.fullmatch(name):
         raise PluginError(
             f"{owner} returned attention backend {item.__qualname__} with name {brief(name)}; "
             "a name is a non-empty lower-case string of letters, digits, '_', '.' or '-' "

@@ -82,12 +82,20 @@ class TorchAttentionBackend(AttentionBackend):
         window = self.sliding_window
         for group in plan.decode_groups(pages.row_bytes):
             k, v = pages.gather(group.index, len(group.seqs), group.longest)
+            mask = group.mask(window)
+            if mask is not None:
+                # Positions a sequence does not see (past its length: another
+                # sequence's stale pages; before its window) hold anything, NaN
+                # included, and SDPA's masked path would still add them in.
+                hidden = ~mask.view(mask.shape[0], 1, -1, 1)
+                k.masked_fill_(hidden, 0)
+                v.masked_fill_(hidden, 0)
             # One query token per sequence: the query heads sharing a key/value head
             # attend as that head's rows ([n, kv_heads, group, head_size]), no repeats.
             q = queries.index_select(0, group.rows)
             q = q.view(q.shape[0], self.num_kv_heads, -1, q.shape[-1])
             result = torch.nn.functional.scaled_dot_product_attention(
-                q, k, v, attn_mask=group.mask(window), scale=self.scale
+                q, k, v, attn_mask=mask, scale=self.scale
             )
             out.index_copy_(0, group.rows, result.flatten(1, 2).to(out.dtype))
         for chunk in plan.prefills:
@@ -106,6 +114,9 @@ class TorchAttentionBackend(AttentionBackend):
             out[chunk.start : chunk.end] = result.squeeze(0).transpose(0, 1)
         if fp8:
             out *= _on(v_scale, out)
+        # SDPA's unmasked kernels give 0 for a NaN query row, its masked path NaN:
+        # every batch shape gives NaN, as the attention it computes does.
+        out.masked_fill_(query.isnan().any(dim=-1, keepdim=True), math.nan)
         return out
 
 
@@ -377,7 +388,10 @@ class _Scratch(threading.local):
         key = (name, dtype, device)
         buffer = self.buffers.get(key)
         if buffer is None or buffer.numel() < numel:
-            buffer = self.buffers[key] = torch.empty(numel, dtype=dtype, device=device)
+            # A normal tensor, even when made under inference_mode: an inference
+            # tensor could not be written by a later call made outside it.
+            with torch.inference_mode(False):
+                buffer = self.buffers[key] = torch.empty(numel, dtype=dtype, device=device)
         return buffer[:numel].view(tuple(shape))
 
 

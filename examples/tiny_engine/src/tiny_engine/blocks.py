@@ -101,6 +101,14 @@ class BlockPool:
             if self.ref_counts[block] == 0:
                 self.free[block] = None
 
+    def reset_prefix_cache(self) -> int:
+        """Drop the prefix index (blocks held by sequences keep their contents);
+        returns how many blocks it held."""
+        dropped = len(self.index)
+        self.index.clear()
+        self.block_hash = [None] * self.num_blocks
+        return dropped
+
     def register(self, block: int, block_hash: bytes) -> None:
         """Enter a full block into the prefix index (the first block with a hash keeps it)."""
         if self.block_hash[block] is not None:

@@ -149,6 +149,44 @@ def _int(config: dict[str, Any], key: str, path: Path, default: int | None = Non
     return value
 
 
+def _optional_int(config: dict[str, Any], key: str, path: Path, where: str = "") -> int | None:
+    """A positive integer or null/absent (``where``: the object holding ``key``)."""
+    value = config.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise CheckpointError(f"{path}: {where}{key} must be a positive integer, got {value!r}")
+    return value
+
+
+def _number(config: dict[str, Any], key: str, path: Path, default: float, where: str = "") -> float:
+    """A positive finite number (a JSON int or float, not a string or a bool)."""
+    value = config.get(key, default)
+    if value is None:
+        value = default
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise CheckpointError(
+            f"{path}: {where}{key} must be a number, got {type(value).__name__} {value!r}"
+        )
+    number = float(value)
+    if not (math.isfinite(number) and number > 0):
+        raise CheckpointError(
+            f"{path}: {where}{key} must be a positive finite number, got {value!r}"
+        )
+    return number
+
+
+def _flag(config: dict[str, Any], key: str, path: Path, default: bool = False) -> bool:
+    value = config.get(key, default)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise CheckpointError(
+            f"{path}: {key} must be true or false, got {type(value).__name__} {value!r}"
+        )
+    return value
+
+
 def _eos_ids(value: Any, path: Path) -> tuple[int, ...]:
     if value is None:
         return ()
@@ -160,37 +198,81 @@ def _eos_ids(value: Any, path: Path) -> tuple[int, ...]:
 
 def _rope(config: dict[str, Any], path: Path) -> RopeSpec:
     params = config.get("rope_parameters")
-    if isinstance(params, dict):
+    if params is not None and not isinstance(params, dict):
+        raise CheckpointError(
+            f"{path}: rope_parameters must be an object, got {type(params).__name__} {params!r}"
+        )
+    if params is not None:
         # transformers 5: one dict; per-layer-type dicts are not used by these models
         scaling: dict[str, Any] = dict(params)
-        theta = scaling.get("rope_theta", config.get("rope_theta", 10000.0))
+        where = "rope_parameters"
     else:
-        scaling = dict(config.get("rope_scaling") or {})
-        theta = config.get("rope_theta", 10000.0)
+        raw = config.get("rope_scaling")
+        if raw is not None and not isinstance(raw, dict):
+            raise CheckpointError(
+                f"{path}: rope_scaling must be an object or null, got {type(raw).__name__} {raw!r}"
+            )
+        scaling = dict(raw or {})
+        where = "rope_scaling"
+    if scaling.get("rope_theta") is not None:
+        theta = _number(scaling, "rope_theta", path, 10000.0, f"{where}.")
+    else:
+        theta = _number(config, "rope_theta", path, 10000.0)
     rope_type = scaling.get("rope_type", scaling.get("type", "default"))
     if rope_type not in ROPE_TYPES:
         raise CheckpointError(
-            f"{path}: rope scaling {rope_type!r} is not supported; supported: "
+            f"{path}: {where}.rope_type {rope_type!r} is not supported; supported: "
             f"{', '.join(ROPE_TYPES)}"
         )
-    if not isinstance(theta, (int, float)) or isinstance(theta, bool) or theta <= 0:
-        raise CheckpointError(f"{path}: rope_theta must be a positive number, got {theta!r}")
-    fields = {f.name for f in dataclasses.fields(RopeSpec)}
-    extra = {k: v for k, v in scaling.items() if k in fields and v is not None}
-    try:
-        return RopeSpec(**{**extra, "theta": float(theta), "rope_type": rope_type})
-    except TypeError as exc:
-        raise CheckpointError(f"{path}: malformed rope scaling {scaling!r}: {exc}") from exc
+    values: dict[str, Any] = {"theta": theta, "rope_type": rope_type}
+    for field in ("factor", "low_freq_factor", "high_freq_factor"):
+        if scaling.get(field) is not None:
+            values[field] = _number(scaling, field, path, 1.0, f"{where}.")
+    if rope_type != "default" and "factor" not in values:
+        raise CheckpointError(f"{path}: {where}.factor is needed by rope_type {rope_type!r}")
+    original = _optional_int(scaling, "original_max_position_embeddings", path, f"{where}.")
+    if original is not None:
+        values["original_max_position_embeddings"] = original
+    if rope_type == "llama3" and values.get("low_freq_factor", 1.0) >= values.get(
+        "high_freq_factor", 4.0
+    ):
+        raise CheckpointError(
+            f"{path}: {where}.low_freq_factor must be smaller than high_freq_factor for "
+            "rope_type 'llama3'"
+        )
+    return RopeSpec(**values)
 
 
-def _sliding_windows(config: dict[str, Any], family: str, layers: int) -> tuple[int | None, ...]:
-    window = config.get("sliding_window")
+def _sliding_windows(
+    config: dict[str, Any], family: str, layers: int, path: Path
+) -> tuple[int | None, ...]:
+    window = _optional_int(config, "sliding_window", path)
     layer_types = config.get("layer_types")
-    if isinstance(layer_types, list) and len(layer_types) == layers:
+    if layer_types is not None:
+        if not (
+            isinstance(layer_types, list)
+            and len(layer_types) == layers
+            and all(isinstance(kind, str) for kind in layer_types)
+        ):
+            raise CheckpointError(
+                f"{path}: layer_types must list one string per layer ({layers}), got "
+                f"{layer_types!r}"
+            )
+        unknown = sorted(set(layer_types) - {"full_attention", "sliding_attention"})
+        if unknown:
+            raise CheckpointError(
+                f"{path}: layer_types {unknown} are not served (full_attention, sliding_attention)"
+            )
+        if "sliding_attention" in layer_types and window is None:
+            raise CheckpointError(f"{path}: sliding_attention layers need a sliding_window")
         return tuple(window if kind == "sliding_attention" else None for kind in layer_types)
-    if family == "llama" or not config.get("use_sliding_window", False) or window is None:
+    if family == "llama" or not _flag(config, "use_sliding_window", path) or window is None:
         return (None,) * layers
     first = config.get("max_window_layers", layers)
+    if isinstance(first, bool) or not isinstance(first, int) or first < 0:
+        raise CheckpointError(
+            f"{path}: max_window_layers must be a non-negative integer, got {first!r}"
+        )
     return tuple(window if i >= first else None for i in range(layers))
 
 
@@ -209,7 +291,9 @@ def read_checkpoint(directory: str | Path) -> ModelSpec:
         raise CheckpointError(f"{path}: no config.json; expected a Hugging Face checkpoint")
     config = _read_json(config_path, "config.json")
     archs = config.get("architectures") or []
-    arch = next((a for a in archs if a in ARCHITECTURES), None)
+    if not isinstance(archs, list):
+        archs = [archs]
+    arch = next((a for a in archs if isinstance(a, str) and a in ARCHITECTURES), None)
     if arch is None:
         raise CheckpointError(
             f"{config_path}: unsupported architecture {archs!r}; supported: "
@@ -227,9 +311,20 @@ def read_checkpoint(directory: str | Path) -> ModelSpec:
             f"{config_path}: num_attention_heads={heads} is not a multiple of "
             f"num_key_value_heads={kv_heads}"
         )
-    head_dim = config.get("head_dim") or hidden // heads
+    head_dim = _optional_int(config, "head_dim", config_path)
+    if head_dim is None:
+        if hidden % heads:
+            raise CheckpointError(
+                f"{config_path}: head_dim is not given and hidden_size={hidden} is not a "
+                f"multiple of num_attention_heads={heads}"
+            )
+        head_dim = hidden // heads
+    if head_dim % 2:
+        raise CheckpointError(
+            f"{config_path}: head_dim={head_dim} must be even for the rotary embedding"
+        )
     layers = _int(config, "num_hidden_layers", config_path)
-    attention_bias = bool(config.get("attention_bias", False))
+    attention_bias = _flag(config, "attention_bias", config_path)
 
     gen_path = path / "generation_config.json"
     eos: tuple[int, ...] = ()
@@ -238,6 +333,8 @@ def read_checkpoint(directory: str | Path) -> ModelSpec:
     if not eos:
         eos = _eos_ids(config.get("eos_token_id"), config_path)
     dtype = config.get("dtype", config.get("torch_dtype"))
+    if dtype is not None and not isinstance(dtype, str):
+        raise CheckpointError(f"{config_path}: dtype must be a string, got {dtype!r}")
 
     return ModelSpec(
         path=path,
@@ -249,16 +346,16 @@ def read_checkpoint(directory: str | Path) -> ModelSpec:
         num_layers=layers,
         num_heads=heads,
         num_kv_heads=kv_heads,
-        head_dim=int(head_dim),
-        rms_norm_eps=float(config.get("rms_norm_eps", 1e-6)),
+        head_dim=head_dim,
+        rms_norm_eps=_number(config, "rms_norm_eps", config_path, 1e-6),
         max_position_embeddings=_int(config, "max_position_embeddings", config_path, 2048),
         rope=_rope(config, config_path),
-        tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
+        tie_word_embeddings=_flag(config, "tie_word_embeddings", config_path),
         qkv_bias=True if family == "qwen2" else attention_bias,
         o_bias=False if family == "qwen2" else attention_bias,
-        mlp_bias=bool(config.get("mlp_bias", False)),
+        mlp_bias=_flag(config, "mlp_bias", config_path),
         qk_norm=family == "qwen3",
-        sliding_windows=_sliding_windows(config, family, layers),
+        sliding_windows=_sliding_windows(config, family, layers, config_path),
         eos_token_ids=eos,
         checkpoint_dtype=dtype if isinstance(dtype, str) else None,
     )
@@ -274,6 +371,19 @@ def weight_files(directory: Path) -> list[Path]:
         weight_map = _read_json(index, "model.safetensors.index.json").get("weight_map")
         if not isinstance(weight_map, dict):
             raise CheckpointError(f"{index}: no weight_map")
+        bad = next(
+            (
+                (key, name)
+                for key, name in weight_map.items()
+                if not isinstance(name, str) or not name or Path(name).name != name
+            ),
+            None,
+        )
+        if bad is not None:
+            raise CheckpointError(
+                f"{index}: weight_map[{bad[0]!r}] must be the file name of a shard in the "
+                f"checkpoint directory, got {bad[1]!r}"
+            )
         files = [directory / name for name in sorted(set(weight_map.values()))]
         missing = [f.name for f in files if not f.is_file()]
         if missing:

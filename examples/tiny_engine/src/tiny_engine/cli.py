@@ -15,7 +15,7 @@ import re
 import sys
 from typing import Any, NoReturn
 
-__all__ = ["main", "parse_prompts", "parse_random_prompts"]
+__all__ = ["check_random_prompts", "main", "parse_prompts", "parse_random_prompts"]
 
 
 class UsageError(ValueError):
@@ -37,14 +37,35 @@ def parse_prompts(text: str) -> list[list[int]]:
     return data
 
 
+MAX_RANDOM_PROMPTS = 1 << 16
+"""The most prompts ``--random-prompts`` makes."""
+
+
 def parse_random_prompts(text: str) -> tuple[int, int]:
-    """``--random-prompts COUNTxLEN`` -> ``(count, length)``."""
-    match = re.fullmatch(r"\s*(\d+)\s*[xX]\s*(\d+)\s*", text)
+    """``--random-prompts COUNTxLEN`` -> ``(count, length)``; the length is checked
+    against the model's ``max_model_len`` (:func:`check_random_prompts`) before any
+    prompt is made."""
+    match = re.fullmatch(r"\s*([0-9]{1,12})\s*[xX]\s*([0-9]{1,12})\s*", text)
     if match is None or int(match[1]) < 1 or int(match[2]) < 1:
         raise UsageError(
             f"--random-prompts {text!r}: expected COUNTxLEN with positive numbers, as in 4x32"
         )
-    return int(match[1]), int(match[2])
+    count, length = int(match[1]), int(match[2])
+    if count > MAX_RANDOM_PROMPTS:
+        raise UsageError(
+            f"--random-prompts {text!r}: at most {MAX_RANDOM_PROMPTS} prompts, got {count}"
+        )
+    return count, length
+
+
+def check_random_prompts(count: int, length: int, max_model_len: int) -> None:
+    """A ``UsageError`` when prompts of ``length`` tokens cannot run (checked before
+    they are made)."""
+    if length >= max_model_len:
+        raise UsageError(
+            f"--random-prompts {count}x{length}: model.max_model_len={max_model_len} leaves "
+            f"room for prompts of at most {max_model_len - 1} tokens"
+        )
 
 
 def _config(assignments: list[str]) -> dict[str, Any]:
@@ -112,12 +133,18 @@ def main(argv: list[str] | None = None) -> int:
     except RuntimeError as exc:
         print(f"error: {one_line(str(exc))}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        print("error: interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:  # a defect: still one line, with what it was
+        print(f"internal error: {type(exc).__name__}: {one_line(str(exc))}", file=sys.stderr)
+        return 1
 
 
 def _run(args: argparse.Namespace) -> int:
     import torch
 
-    from tiny_engine.engine import LLM
+    from tiny_engine.engine import LLM, sequence_seed
 
     if args.max_tokens < 1:
         raise UsageError(f"--max-tokens must be a positive integer, got {args.max_tokens}")
@@ -129,7 +156,8 @@ def _run(args: argparse.Namespace) -> int:
         prompts = None
     llm = LLM(args.model, config=config, platform=args.platform, device=args.device)
     if prompts is None:
-        generator = torch.Generator().manual_seed(args.seed or 0)
+        check_random_prompts(count, length, llm.config.model.max_model_len)
+        generator = torch.Generator().manual_seed(sequence_seed(args.seed or 0, -1))
         vocab = llm.spec.vocab_size
         prompts = torch.randint(0, vocab, (count, length), generator=generator).tolist()
     outputs = llm.generate(

@@ -21,7 +21,10 @@ samples greedily or with a seeded temperature.
 
 from __future__ import annotations
 
+import hashlib
 import math
+import secrets
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -39,7 +42,6 @@ from hwplug.core.kv_cache import (
     num_blocks,
 )
 from hwplug.core.platform import Platform
-from hwplug.kernels.linear import pack_linears
 from tiny_engine.attention import resolved_backend
 from tiny_engine.blocks import BlockPool
 from tiny_engine.checkpoint import ModelSpec, iter_weights, read_checkpoint
@@ -51,6 +53,37 @@ from tiny_engine.scheduler import Sequence as Seq
 __all__ = ["LLM", "engine_config_for"]
 
 _FP8 = ("fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc")
+
+GREEDY_BELOW = 1e-5
+"""Temperatures below this sample greedily (the reference engine's rule): dividing
+the logits by less would only round the softmax to a one-hot vector."""
+
+
+def check_seed(seed: object) -> int | None:
+    """``seed`` as given when it is None or a Python int, else a ``ValueError``."""
+    if seed is None or (isinstance(seed, int) and not isinstance(seed, bool)):
+        return seed
+    raise ValueError(f"seed must be an int or None, got {type(seed).__name__} {seed!r}")
+
+
+def check_temperature(temperature: object) -> float:
+    """``temperature`` as a float when it is a finite number >= 0, else a ``ValueError``."""
+    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)):
+        raise ValueError(
+            f"temperature must be a finite number >= 0, got {type(temperature).__name__} "
+            f"{temperature!r}"
+        )
+    value = float(temperature)
+    if not (math.isfinite(value) and value >= 0):
+        raise ValueError(f"temperature must be a finite number >= 0, got {temperature!r}")
+    return value
+
+
+def sequence_seed(seed: int, index: int) -> int:
+    """The generator seed of prompt ``index`` of a call made with ``seed``: any int
+    (negative, or beyond 64 bits) hashed to ``[0, 2**63)``, the same in every process."""
+    digest = hashlib.sha256(f"{seed}:{index}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") >> 1
 
 
 def _as_config(config: EngineConfig | Mapping[str, Any] | None) -> EngineConfig:
@@ -154,6 +187,8 @@ class LLM:
             "steps": 0,
             "generate_seconds": 0.0,
         }
+        self._lock = threading.Lock()
+        """Serialises ``generate`` calls: the runner's buffers and the pool are shared."""
         with hwplug.use_platform(self.platform), torch.inference_mode():
             self._build()
 
@@ -187,14 +222,15 @@ class LLM:
         default_dtype = torch.get_default_dtype()
         torch.set_default_dtype(self.dtype)
         try:
-            with torch.device(self.device):
+            # Normal tensors, not inference tensors: a user's later in-place update of a
+            # weight works outside inference_mode too, and bumps its version counter.
+            with torch.inference_mode(False), torch.no_grad(), torch.device(self.device):
                 self.model = CausalLM(spec, self.attention_backend, cfg.model.max_model_len)
+                load_weights(self.model, iter_weights(spec.path))
         finally:
             torch.set_default_dtype(default_dtype)
-        load_weights(self.model, iter_weights(spec.path))
         self.model.eval().requires_grad_(False)
-        # CPU weights are packed once for oneDNN's GEMM (a no-op on other devices).
-        self.packed_linears = pack_linears(self.model)
+        self._weights_seen = self._weights_fingerprint()
         self.memory: dict[str, int] = {"after_load": self._memory_in_use()}
 
         # Profile the largest step eagerly on a one-block cache (no block is written).
@@ -254,6 +290,23 @@ class LLM:
         self.platform.synchronize()
         return int(self.platform.peak_memory_usage(0))
 
+    # -- weights and the prefix cache -------------------------------------------------------
+    def _weights_fingerprint(self) -> tuple[tuple[int, int], ...]:
+        """Where each parameter lives and its version counter: what ``load_state_dict``,
+        ``param.copy_`` and other in-place updates of the parameters change."""
+        return tuple((p.data_ptr(), p._version) for p in self.model.parameters())
+
+    def reset_prefix_cache(self) -> int:
+        """Forget every cached prefix block (their keys and values were computed with the
+        weights of the time); returns how many were dropped.
+
+        ``generate`` does this by itself when a parameter was replaced or updated in
+        place (``load_state_dict``, ``param.copy_``); writes through ``param.data``
+        bump no version counter, so call it after those.
+        """
+        with self._lock:
+            return self.pool.reset_prefix_cache()
+
     # -- generation -------------------------------------------------------------------------
     def _check_prompts(self, prompts: Sequence[Sequence[int]], max_tokens: int) -> None:
         if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
@@ -290,66 +343,94 @@ class LLM:
     ) -> list[list[int]]:
         """Generate up to ``max_tokens`` tokens for each prompt (lists of token ids).
 
-        Greedy at ``temperature`` 0; otherwise sampled from the softmax of the
-        logits divided by ``temperature``, each prompt with its own generator
-        seeded from ``seed`` and its position, so a seed gives the same tokens
-        however the batch is scheduled. A sequence stops after an end-of-sequence
-        token (included in its output) unless ``ignore_eos``, or at
-        ``model.max_model_len`` tokens.
+        Greedy at ``temperature`` below 1e-5; otherwise sampled from the softmax
+        of the logits divided by ``temperature``, each prompt with its own
+        generator seeded from ``seed`` (any int; None: fresh entropy) and its
+        position, so a seed gives the same tokens however the batch is
+        scheduled. A sequence stops after an end-of-sequence token (included in
+        its output) unless ``ignore_eos``, or at ``model.max_model_len`` tokens.
+
+        Calls from several threads run one after another. A call that raises
+        (a kernel error, ``KeyboardInterrupt``) gives every block its sequences
+        held back to the pool and leaves the counters as they were.
 
         :raises ValueError: an empty prompt, a token outside the vocabulary, a
-            prompt too long for ``model.max_model_len``, a bad ``max_tokens``
-            or ``temperature``.
+            prompt too long for ``model.max_model_len``, a bad ``max_tokens``,
+            ``temperature`` or ``seed``.
+        :raises RuntimeError: the KV cache or the step budget is too small for
+            a sequence to make progress.
         """
         self._check_prompts(prompts, max_tokens)
-        if not isinstance(temperature, (int, float)) or not temperature >= 0:
-            raise ValueError(f"temperature must be >= 0, got {temperature!r}")
+        temperature = check_temperature(temperature)
+        seed = check_seed(seed)
+        if temperature < GREEDY_BELOW:
+            temperature = 0.0
+        with self._lock:
+            weights = self._weights_fingerprint()
+            if weights != self._weights_seen:
+                self.pool.reset_prefix_cache()
+                self._weights_seen = weights
+            return self._generate(prompts, max_tokens, temperature, seed, ignore_eos)
+
+    def _generate(
+        self,
+        prompts: Sequence[Sequence[int]],
+        max_tokens: int,
+        temperature: float,
+        seed: int | None,
+        ignore_eos: bool,
+    ) -> list[list[int]]:
         scheduler = Scheduler(
             self.pool,
             max_num_seqs=self.config.scheduler.max_num_seqs,
             max_num_batched_tokens=self.config.scheduler.max_num_batched_tokens,
             chunked_prefill=bool(self.config.scheduler.enable_chunked_prefill),
         )
+        base = seed if seed is not None else secrets.randbits(64)
         seqs = []
         for i, prompt in enumerate(prompts):
             generator = None
             if temperature > 0:
-                generator = torch.Generator()
-                base = seed if seed is not None else int(torch.randint(1 << 62, ()).item())
-                generator.manual_seed(base * 1_000_003 + i)
+                generator = torch.Generator().manual_seed(sequence_seed(base, i))
             seq = Seq(i, list(prompt), len(prompt), max_tokens, generator=generator)
             seqs.append(seq)
             scheduler.add(seq)
         eos = frozenset() if ignore_eos else frozenset(self.spec.eos_token_ids)
+        max_len = self.config.model.max_model_len
         hits_before = self.pool.hits
+        steps = 0
         start = time.perf_counter()
-        with hwplug.use_platform(self.platform), torch.inference_mode():
-            while scheduler.has_work:
-                step = scheduler.schedule()
-                if not step.seqs:
-                    continue  # everything that ran was preempted: schedule again
-                logits, rows = self.runner.execute(step)
-                scheduler.finish_step(step)
-                tokens = self._sample(
-                    logits, [s for s, r in zip(step.seqs, rows) if r >= 0], temperature
-                )
-                k = 0
-                for seq, row in zip(step.seqs, rows):
-                    if row < 0:
-                        continue
-                    token = tokens[k]
-                    k += 1
-                    seq.tokens.append(token)
-                    if (
-                        token in eos
-                        or seq.num_generated >= seq.max_tokens
-                        or len(seq.tokens) >= self.config.model.max_model_len
-                    ):
-                        scheduler.finish(seq)
-                self._stats["steps"] += 1
-            if self._live:
-                self.platform.synchronize()
+        try:
+            with hwplug.use_platform(self.platform), torch.inference_mode():
+                while scheduler.has_work:
+                    step = scheduler.schedule()
+                    if not step.seqs:
+                        continue  # everything that ran was preempted: schedule again
+                    logits, rows = self.runner.execute(step)
+                    scheduler.finish_step(step)
+                    sampled = [s for s, r in zip(step.seqs, rows) if r >= 0]
+                    tokens = iter(self._sample(logits, sampled, temperature))
+                    for seq, row in zip(step.seqs, rows):
+                        if row < 0:
+                            continue
+                        token = next(tokens)
+                        seq.tokens.append(token)
+                        if (
+                            token in eos
+                            or seq.num_generated >= seq.max_tokens
+                            or len(seq.tokens) >= max_len
+                        ):
+                            scheduler.finish(seq)
+                    steps += 1
+                if self._live:
+                    self.platform.synchronize()
+        except BaseException:
+            # Whatever stopped the call, its sequences hold no block afterwards.
+            scheduler.abort()
+            self.pool.hits = hits_before
+            raise
         stats = self._stats
+        stats["steps"] += steps
         stats["generate_seconds"] += time.perf_counter() - start
         stats["prefix_cache_hits"] += self.pool.hits - hits_before
         stats["preemptions"] += scheduler.preemptions
@@ -361,7 +442,8 @@ class LLM:
     def _sample(logits: torch.Tensor, seqs: list[Seq], temperature: float) -> list[int]:
         if temperature == 0:
             return [int(t) for t in logits.argmax(dim=-1).tolist()]
-        probs = torch.softmax(logits.float() / temperature, dim=-1).cpu()
+        # float64: logits divided by a temperature near 1e-5 stay finite
+        probs = torch.softmax(logits.double() / temperature, dim=-1).cpu()
         out = []
         for row, seq in zip(probs, seqs):
             gen = seq.generator
@@ -384,7 +466,6 @@ class LLM:
                 "model": self.spec.architecture,
                 "dtype": cfg.model.dtype,
                 "attention_backend": self.attention_backend,
-                "packed_linears": len(self.packed_linears),
                 "compilation_level": int(cfg.compilation.level or 0),
                 "cudagraph_mode": str(cfg.compilation.cudagraph_mode),
                 "graphs_captured": len(self.captured),

@@ -274,6 +274,11 @@ def load_weights(model: CausalLM, weights: Iterable[tuple[str, torch.Tensor]]) -
             if slot is not None:
                 rows = (qkv_rows if "qkv_proj" in pname else gate_up_rows)[slot]
                 dest = param[rows[0] : rows[1]]
+            if not (tensor.dtype.is_floating_point and tensor.dtype.itemsize >= 2):
+                raise CheckpointError(
+                    f"{spec.path}: checkpoint tensor {name!r} is {tensor.dtype}; weights "
+                    "must be 16- or 32-bit floats"
+                )
             if tuple(dest.shape) != tuple(tensor.shape):
                 raise CheckpointError(
                     f"{spec.path}: checkpoint tensor {name!r} has shape {tuple(tensor.shape)}, "

@@ -216,8 +216,14 @@ class ModelRunner:
         return self._args(num_tokens, batch)
 
     def _dummy_batch(self, num_tokens: int) -> int:
-        """Fewest sequences that hold ``num_tokens`` tokens within ``max_model_len`` each."""
+        """Fewest sequences that hold ``num_tokens`` tokens within ``max_model_len`` each
+        (``num_tokens`` is at most :meth:`largest_step`)."""
         return min(self.max_num_seqs, -(-num_tokens // self.max_model_len))
+
+    def largest_step(self, num_tokens: int) -> int:
+        """The most tokens of a real step, up to ``num_tokens``: the scheduler runs at
+        most ``max_num_seqs`` sequences of at most ``max_model_len`` tokens each."""
+        return min(num_tokens, self.max_tokens, self.max_num_seqs * self.max_model_len)
 
     # -- running ------------------------------------------------------------------------
     def forward(
@@ -253,14 +259,14 @@ class ModelRunner:
     def profile_run(self, num_tokens: int) -> None:
         """An eager forward of ``num_tokens`` dummy tokens (the largest step) that
         writes nothing to the cache."""
-        n = min(num_tokens, self.max_tokens)
+        n = self.largest_step(num_tokens)
         self.model(*self._dummy_inputs(n, self._dummy_batch(n), uniform=False))
 
     def warm_up(self) -> None:
         """Compile now rather than in the first step: one graph for every step size."""
         if self.compiled is self.model:
             return
-        n = self.max_tokens
+        n = self.largest_step(self.max_tokens)
         args = self._dummy_inputs(n, self._dummy_batch(n), uniform=False)
         for t in args:
             # One graph for every size, 1 included (no 0/1 specialisation).

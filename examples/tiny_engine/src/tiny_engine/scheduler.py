@@ -145,7 +145,10 @@ class Scheduler:
     def schedule(self) -> Step:
         """The next step's batch (empty when there is nothing to run).
 
-        :raises RuntimeError: one sequence alone needs more blocks than the pool has.
+        :raises RuntimeError: nothing runs and the next waiting sequence cannot
+            start: the KV cache or the step's token budget is too small for it
+            (the message names which). A step never comes back empty without
+            a preemption, so a caller's loop always progresses.
         """
         budget = self.max_num_batched_tokens
         seqs: list[Sequence] = []
@@ -177,12 +180,8 @@ class Scheduler:
                     seq, seq.num_computed + num_new
                 ):
                     self._release(seq)  # hold nothing while waiting
-                    if not self.running and remaining <= budget:
-                        raise RuntimeError(
-                            f"the KV cache ({self.pool.num_blocks} blocks of "
-                            f"{self.pool.block_size} tokens) cannot hold one sequence of "
-                            f"{len(seq.tokens)} tokens"
-                        )
+                    if not self.running:
+                        raise self._stuck(seq, remaining, budget)
                     break
                 self.pool.hits += hits
                 self.waiting.popleft()
@@ -191,6 +190,33 @@ class Scheduler:
                 counts.append(num_new)
                 budget -= num_new
         return Step(seqs, counts, preempted)
+
+    def _stuck(self, seq: Sequence, remaining: int, budget: int) -> RuntimeError:
+        """The error for a waiting sequence that cannot start with nothing running."""
+        if remaining > budget and not self.chunked_prefill:
+            return RuntimeError(
+                f"a sequence of {len(seq.tokens)} tokens cannot be scheduled: "
+                f"scheduler.max_num_batched_tokens={self.max_num_batched_tokens} is smaller "
+                "than its prompt and chunked prefill is off; raise "
+                "scheduler.max_num_batched_tokens or set scheduler.enable_chunked_prefill=true"
+            )
+        size = self.pool.block_size
+        chunk = min(remaining, budget)
+        need = math.ceil((seq.num_computed + chunk) / size)
+        return RuntimeError(
+            f"the KV cache cannot start a sequence of {len(seq.tokens)} tokens: its next "
+            f"step needs {need} blocks of {size} tokens and {self.pool.num_free} of the "
+            f"cache's {self.pool.num_blocks} are free; raise the KV-cache budget "
+            "(cache.num_gpu_blocks_override, cache.kv_cache_memory_bytes) or lower "
+            "model.max_model_len"
+        )
+
+    def abort(self) -> None:
+        """Drop every sequence, giving back the blocks they hold (a failed call)."""
+        for seq in [*self.running, *self.waiting]:
+            self._release(seq)
+        self.running.clear()
+        self.waiting.clear()
 
     def finish_step(self, step: Step) -> None:
         """Record the computed tokens and index the blocks that became full."""

@@ -279,15 +279,32 @@ def config_section(cls: _T) -> _T:
 MAX_DEPTH = 32
 """How deeply dicts and lists may nest in a config."""
 
+MAX_VALUES = 1 << 16
+"""How many values (dicts, lists and scalars, counted as written out) a config may hold.
+YAML aliases share one object between many places: a file of a few hundred bytes can
+stand for billions of values, which every later step would walk."""
 
-def check_depth(data: Any, where: str = "", limit: int = MAX_DEPTH) -> None:
-    """Refuse values nested deeper than ``limit`` (dicts and lists), naming the path.
 
-    :raises ConfigError: the path of the first value found too deep.
+def check_depth(
+    data: Any, where: str = "", limit: int = MAX_DEPTH, max_values: int = MAX_VALUES
+) -> None:
+    """Refuse values nested deeper than ``limit`` (dicts and lists), naming the path,
+    and data holding more than ``max_values`` values counted as written out (a shared
+    object counts once per place it appears, so YAML alias bombs are refused at once).
+
+    :raises ConfigError: the path of the first value found too deep, or too many values.
     """
     stack: list[tuple[Any, str, int]] = [(data, where, 0)]
+    seen = 0
     while stack:
         value, path, depth = stack.pop()
+        seen += 1
+        if seen > max_values:
+            raise ConfigError(
+                f"{(where or 'the config')[:120]}: holds more than {max_values} values (YAML "
+                "aliases count once per place they are used); an engine config holds "
+                "sections of fields, with small lists and dicts"
+            )
         if isinstance(value, Mapping):
             children: list[tuple[Any, str]] = [
                 (v, f"{path}.{k}" if path else str(k)) for k, v in value.items()

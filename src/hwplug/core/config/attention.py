@@ -12,9 +12,12 @@ from pydantic.dataclasses import dataclass
 from hwplug.core.config._common import CONFIG, ConfigSection, config_section
 from hwplug.core.errors import ConfigError, brief
 
-__all__ = ["AttentionConfig"]
+__all__ = ["BACKEND_NAME", "AttentionConfig"]
 
-_NAME = re.compile(r"^[a-z][a-z0-9_]*$")
+BACKEND_NAME = re.compile(r"[a-z][a-z0-9_.-]*")
+"""What an attention backend's name looks like (``fullmatch``): lower case, starting with
+a letter, then letters, digits, ``_``, ``.`` or ``-``. The registry and this section
+share it, so every backend a plugin registers can be chosen."""
 
 
 @config_section
@@ -33,11 +36,12 @@ class AttentionConfig(ConfigSection):
     def _check_backend(cls, value: Any) -> Any:
         if value is None:
             return None
-        if isinstance(value, str) and _NAME.match(value.strip().lower()):
+        if isinstance(value, str) and BACKEND_NAME.fullmatch(value.strip().lower()):
             return value.strip().lower()
         raise ConfigError(
-            f"attention.backend: {brief(value)} is not a backend name; names are lower-case "
-            "identifiers such as 'torch' or 'triton' (or null to let the platform choose)"
+            f"attention.backend: {brief(value)} is not a backend name; a name is lower case, "
+            "starts with a letter and holds letters, digits, '_', '.' or '-', such as 'torch' "
+            "or 'triton' (or null to let the platform choose)"
         )
 
     def compute_hash(self) -> str:

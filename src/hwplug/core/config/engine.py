@@ -181,6 +181,11 @@ class EngineConfig(ConfigSection):
                 f"{path}: expected a mapping of sections at the top level, "
                 f"got {type(data).__name__}"
             )
+        # before anything merges or walks it: aliases can make a small file huge
+        try:
+            check_depth(data)
+        except ConfigError as exc:
+            raise ConfigError(f"{path}: {exc}") from None
         return data
 
     @classmethod
