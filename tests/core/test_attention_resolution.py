@@ -177,6 +177,38 @@ def test_plugin_backends_join_the_registry_and_can_be_chosen(registered) -> None
     assert resolution.config.compilation.cudagraph_mode == CUDAGraphMode.FULL_AND_PIECEWISE
 
 
+@pytest.mark.parametrize("name", ["vendor-fa", "a.b", "fa_3"])
+def test_every_name_the_registry_accepts_can_be_chosen(registered, name: str) -> None:
+    backend = type("Named", (TorchAttentionBackend,), {"name": name})
+
+    class Provides:
+        @hwplug.hookimpl
+        def hwplug_attention_backends(self) -> list[type[AttentionBackend]]:
+            return [backend]
+
+    registered(Provides(), "provides")
+    assert available_backends()[name] is backend
+    resolution = resolve("cpu-generic", attention={"backend": name})
+    assert resolution.config.attention.backend == name
+
+
+@pytest.mark.parametrize("name", ["Vendor", "1fa", "fa\n", "fa x", "-fa"])
+def test_a_name_the_config_refuses_the_registry_refuses_too(registered, name: str) -> None:
+    backend = type("Named", (TorchAttentionBackend,), {"name": name})
+
+    class Provides:
+        @hwplug.hookimpl
+        def hwplug_attention_backends(self) -> list[type[AttentionBackend]]:
+            return [backend]
+
+    registered(Provides(), "provides")
+    with pytest.raises(hwplug.PluginError, match="with name"):
+        available_backends()
+    if name.strip().lower() == name:  # the config folds case and strips blanks
+        with pytest.raises(ValueError, match="attention.backend"):
+            EngineConfig.from_dict({"attention": {"backend": name}})
+
+
 def test_a_backend_name_claimed_twice_names_both(registered) -> None:
     class Clash(TorchAttentionBackend):
         name = "triton"

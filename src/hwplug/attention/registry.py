@@ -13,9 +13,9 @@ from types import MappingProxyType
 from hwplug.attention.base import AttentionBackend
 from hwplug.attention.torch_backend import TorchAttentionBackend
 from hwplug.attention.triton_backend import TritonAttentionBackend
-from hwplug.core.config.attention import BACKEND_NAME
 from hwplug.core.errors import ConfigError, PluginError, brief
 from hwplug.core.graphs import AttentionGraphSupport
+from hwplug.core.names import is_name
 
 __all__ = ["BUILTIN_BACKENDS", "collect_backends", "lookup_backend"]
 
@@ -36,7 +36,7 @@ def _check_backend(item: object, owner: str) -> type[AttentionBackend]:
             "must be a subclass of hwplug.attention.AttentionBackend"
         )
     name = item.__dict__.get("name", item.name)
-    if not isinstance(name, str) or not BACKEND_NAME.fullmatch(name):
+    if not is_name(name):
         raise PluginError(
             f"{owner} returned attention backend {item.__qualname__} with name {brief(name)}; "
             "a name is a non-empty lower-case string of letters, digits, '_', '.' or '-' "

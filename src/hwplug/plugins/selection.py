@@ -19,12 +19,12 @@ import dataclasses
 import functools
 import logging
 import os
-import re
 import threading
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from hwplug.core.errors import ConfigError, PluginError, brief, error_line
+from hwplug.core.names import is_name
 from hwplug.core.platform import DeviceInfo, Platform, parse_profile_spec
 
 if TYPE_CHECKING:
@@ -47,7 +47,6 @@ logger = logging.getLogger("hwplug.plugins")
 PLATFORM_ENV = "HWPLUG_PLATFORM"
 SIMULATE_ENV = "HWPLUG_SIMULATE"
 
-_NAME = re.compile(r"^[a-z][a-z0-9_.-]*$")
 _STRING_ATTRIBUTES = ("device_type", "dist_backend", "ray_device_key", "device_control_env_var")
 
 
@@ -151,7 +150,7 @@ def _class_problem(item: object) -> str | None:
     name = item.name
     if not isinstance(name, str) or not name:
         return f"platform class {item.__qualname__} has no name"
-    if not _NAME.match(name):
+    if not is_name(name):
         return (
             f"platform class {item.__qualname__} is named {name!r}; platform names are lower "
             f"case (letters, digits, '_', '-', '.'), as in {name.lower()!r}"
@@ -179,7 +178,7 @@ def _class_problem(item: object) -> str | None:
             f"platform {name!r}: profiles() must return a dict of profile name -> DeviceInfo, "
             f"got {brief(profiles, 60)}"
         )
-    bad = [k for k in profiles if not _NAME.match(k)]
+    bad = [k for k in profiles if not is_name(k)]
     if bad:
         return (
             f"platform {name!r}: profile names must be lower case, got {', '.join(map(repr, bad))}"

@@ -605,3 +605,70 @@ def test_fuzzed_set_values_exit_0_or_2_with_one_line(
     text = value if raw and isinstance(value, str) else as_json(value)
     result = cli("resolve", "--simulate", profile, "--set", f"{section}.{field}={text}")
     assert_ok_or_one_error_line(result)
+
+
+# ---------------------------------------------------------------------------
+# YAML aliases: a few hundred bytes that stand for billions of values
+# ---------------------------------------------------------------------------
+
+
+def alias_bomb(levels: int = 9) -> str:
+    """A YAML document under 1 KiB whose aliases expand to 9**levels lists of strings."""
+    lines = ['a0: &a0 ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]']
+    for i in range(1, levels):
+        refs = ", ".join([f"*a{i - 1}"] * 9)
+        lines.append(f"a{i}: &a{i} [{refs}]")
+    body = "\n".join("    " + line for line in lines)
+    return f"compilation:\n  inductor_compile_config:\n{body}\n"
+
+
+def test_the_alias_bomb_is_small() -> None:
+    assert len(alias_bomb().encode()) < 1024
+
+
+FROM_FILE = """
+import sys
+from hwplug import ConfigError
+from hwplug.core.config import EngineConfig
+try:
+    EngineConfig.from_file(sys.argv[1])
+except ConfigError as exc:
+    print(exc)
+"""
+
+
+def test_a_yaml_alias_bomb_is_refused_at_once_by_from_file(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    path = tmp_path / "bomb.yaml"
+    path.write_text(alias_bomb())
+    # a hang is a failure: the walk of every shared path never ends
+    result = subprocess.run(
+        [sys.executable, "-c", FROM_FILE, str(path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    assert str(path) in result.stdout
+    assert "values" in result.stdout
+
+
+def test_a_yaml_alias_bomb_on_the_command_line_is_one_error_line(tmp_path: Path) -> None:
+    path = tmp_path / "bomb.yaml"
+    path.write_text(alias_bomb())
+    result = run_hwplug("resolve", "--simulate", "h100", "--config", str(path))
+    assert_user_error(result, str(path), "values")
+
+
+def test_aliases_that_stay_small_are_accepted(tmp_path: Path) -> None:
+    path = tmp_path / "aliases.yaml"
+    path.write_text(
+        "scheduler: &s\n  max_num_seqs: 4\ncompilation:\n  inductor_compile_config:\n"
+        "    a: &x [1, 2]\n    b: *x\n"
+    )
+    config = EngineConfig.from_file(path)
+    inductor = config.compilation.inductor_compile_config
+    assert (inductor["a"], inductor["b"], config.scheduler.max_num_seqs) == ([1, 2], [1, 2], 4)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-import re
 from typing import Any
 
 from pydantic import field_validator
@@ -11,13 +10,9 @@ from pydantic.dataclasses import dataclass
 
 from hwplug.core.config._common import CONFIG, ConfigSection, config_section
 from hwplug.core.errors import ConfigError, brief
+from hwplug.core.names import is_name
 
-__all__ = ["BACKEND_NAME", "AttentionConfig"]
-
-BACKEND_NAME = re.compile(r"[a-z][a-z0-9_.-]*")
-"""What an attention backend's name looks like (``fullmatch``): lower case, starting with
-a letter, then letters, digits, ``_``, ``.`` or ``-``. The registry and this section
-share it, so every backend a plugin registers can be chosen."""
+__all__ = ["AttentionConfig"]
 
 
 @config_section
@@ -36,7 +31,7 @@ class AttentionConfig(ConfigSection):
     def _check_backend(cls, value: Any) -> Any:
         if value is None:
             return None
-        if isinstance(value, str) and BACKEND_NAME.fullmatch(value.strip().lower()):
+        if isinstance(value, str) and is_name(value.strip().lower()):
             return value.strip().lower()
         raise ConfigError(
             f"attention.backend: {brief(value)} is not a backend name; a name is lower case, "
