@@ -85,6 +85,21 @@ def test_the_op_equals_the_backend_s_forward(fp8: bool) -> None:
     assert torch.equal(batch.key_cache.view(torch.uint8), caches[0].view(torch.uint8))
 
 
+@pytest.mark.parametrize("which", ["k_scale", "v_scale"])
+@pytest.mark.parametrize("scale", [0.0, -1.0, float("nan"), float("inf"), "1"])
+def test_the_op_refuses_the_scales_forward_refuses(which: str, scale: object) -> None:
+    batch = make_batch(
+        [5], [5], num_heads=HEADS, num_kv_heads=KV_HEADS, head_size=HEAD_SIZE, block_size=4
+    )
+    with pytest.raises(ValueError, match=f"{which} must be a positive finite float"):
+        unified_attention(
+            *batch.args(),
+            backend="torch",
+            scale=0.2,
+            **{which: scale},  # type: ignore[arg-type]
+        )
+
+
 def test_an_unknown_backend_name_is_a_config_error() -> None:
     from hwplug.core.errors import ConfigError
 

@@ -160,3 +160,76 @@ def test_a_16_bit_model_on_the_cpu_attends_in_float32(dtype: torch.dtype) -> Non
         batch.query, batch.key_cache, batch.value_cache, batch.metadata, scale=0.125
     ).to(dtype)
     assert (out[:42] == exact).float().mean().item() > 0.99
+
+
+# ---------------------------------------------------------------------------
+# Values a model can produce: NaN rows, stale pages, calls outside inference_mode
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("seq_lens", "query_lens"),
+    [
+        ([9], [9]),  # one whole prefill
+        ([9], [1]),  # one lone decode
+        ([9, 5], [1, 1]),  # a decode batch
+        ([9, 5], [9, 1]),  # mixed
+        ([9, 5], [3, 5]),  # chunked prefill beside a prefill
+    ],
+)
+def test_a_nan_query_row_gives_nan_in_every_batch_shape(
+    seq_lens: list[int], query_lens: list[int]
+) -> None:
+    batch = _batch(seq_lens, query_lens)
+    batch.query[0, 1] = float("nan")
+    out = _attend(batch)
+    assert out[0, 1].isnan().all(), "the NaN query's output must be NaN"
+    # every other head and row is the reference's
+    expected = _expected(batch)
+    out[0, 1] = expected[0, 1] = 0
+    torch.testing.assert_close(out, expected, atol=1e-4, rtol=1e-4)
+
+
+def _clone(batch: Batch) -> Batch:
+    return Batch(*(t.clone() for t in batch.args()[:5]), batch.metadata)  # type: ignore[union-attr]
+
+
+def test_nan_in_pages_a_sequence_does_not_see_changes_nothing() -> None:
+    """Positions past a sequence's length (another step's stale pages) hold anything."""
+    batch = _batch([9, 5], [1, 1], num_blocks=8)
+    clean = _attend(_clone(batch))
+    table = batch.metadata.block_table
+    # the rest of sequence 1's last block (positions 5..7) and every unused block
+    last = int(table[1, 1])
+    batch.key_cache[last, 1:] = float("nan")
+    batch.value_cache[last, 1:] = float("inf")
+    used = set(table[0, :3].tolist()) | set(table[1, :2].tolist())
+    for block in set(range(8)) - used:
+        batch.key_cache[block] = float("nan")
+        batch.value_cache[block] = float("nan")
+    out = _attend(batch)
+    assert not out.isnan().any()
+    torch.testing.assert_close(out, clean)
+    torch.testing.assert_close(out, _expected(batch), atol=1e-4, rtol=1e-4)
+
+
+def test_nan_before_a_window_changes_nothing() -> None:
+    batch = _batch([12], [1])
+    clean = _attend(_clone(batch), window=4)
+    first = int(batch.metadata.block_table[0, 0])
+    batch.key_cache[first] = float("nan")
+    batch.value_cache[first] = float("nan")
+    out = _attend(batch, window=4)
+    assert not out.isnan().any()
+    torch.testing.assert_close(out, clean)
+
+
+def test_a_call_outside_inference_mode_follows_one_inside_it() -> None:
+    big = _batch([40, 33], [1, 1], seed=3)
+    with torch.inference_mode():
+        inside = _attend(_batch([40, 33], [1, 1], seed=3))
+    # the same thread, now outside inference_mode, with the same and larger shapes
+    outside = _attend(big)
+    torch.testing.assert_close(inside, outside)
+    larger = _batch([70, 60, 50], [1, 1, 1], seed=4)
+    torch.testing.assert_close(_attend(larger), _expected(larger), atol=1e-4, rtol=1e-4)
