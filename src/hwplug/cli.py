@@ -8,7 +8,8 @@ Installed as ``hwplug`` and runnable as ``python -m hwplug``::
     hwplug resolve [--platform NAME | --simulate PROFILE] [--config FILE]
                    [--set section.field=value ...] [--json]
     hwplug matrix [--format table|markdown|json] [--installed]
-    hwplug conformance NAME [--profile P] [--kind rule|runtime] [--skip ID=REASON ...] [--json]
+    hwplug conformance NAME [--profile P] [--kind rule|runtime] [--skip ID=REASON ...]
+                       [--timeout SECONDS] [--json]
 
 Every user error (a bad option, an unknown profile, platform or field, a
 malformed config file, a config the platform cannot run) ends the command with
@@ -795,9 +796,15 @@ def conformance(
     kind: str | None = typer.Option(
         None, "--kind", metavar="KIND", help="Run only the rule or only the runtime checks."
     ),
+    timeout: str | None = typer.Option(
+        None,
+        "--timeout",
+        metavar="SECONDS",
+        help="How long one check may run before it fails as hung (default 600).",
+    ),
 ) -> int:
     """Check that a platform keeps hwplug's contract; exit status 1 when a check fails."""
-    from hwplug.conformance import KINDS, load_platform, run_checks
+    from hwplug.conformance import KINDS, CheckContext, load_platform, run_checks
 
     skip: dict[str, str] = {}
     for text in skips:
@@ -810,8 +817,19 @@ def conformance(
         if kind.strip().lower() not in KINDS:
             raise CliError(f"--kind: unknown kind {kind!r}; choose one of: {', '.join(KINDS)}")
         kinds = (kind.strip().lower(),)  # type: ignore[assignment]
+    limit: dict[str, float] = {}
+    if timeout is not None:
+        try:
+            seconds = float(timeout)
+        except ValueError:
+            seconds = float("nan")
+        if not 0 < seconds < float("inf"):
+            raise CliError(f"--timeout {timeout!r}: give a positive number of seconds, as in 300")
+        limit["timeout"] = seconds
     platform = load_platform(name, profile)
-    report = run_checks(platform, kinds=kinds, skip=skip)
+    report = run_checks(
+        platform, kinds=kinds, skip=skip, context=CheckContext.for_platform(platform, **limit)
+    )
     if as_json:
         _print_json(report.to_dict())
         return 0 if report.ok else 1

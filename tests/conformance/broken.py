@@ -6,7 +6,8 @@ fresh process). This module must not import torch.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import threading
+from typing import TYPE_CHECKING, ClassVar
 
 from acme_npu.plugin import NpuPlatform
 
@@ -54,3 +55,37 @@ class TorchDetectNpu(NpuPlatform):
 
         del torch
         return []
+
+
+RELEASE = threading.Event()
+"""Set by the tests once they are done with :class:`HangingNpu` (it then returns)."""
+
+
+class HangingNpu(NpuPlatform):
+    """Its own config check never returns (until the tests release it)."""
+
+    def check_and_update_config(self, config: EngineConfig, changes: ChangeLog) -> None:
+        RELEASE.wait(120)
+        super().check_and_update_config(config, changes)
+
+
+class NoWriteNpu(NpuPlatform):
+    """Prefers the ``nowrite`` attention backend, which never writes the KV cache."""
+
+    attention_order: ClassVar[tuple[str, ...]] = ("nowrite",)
+
+
+def no_write_backend() -> type:
+    """A backend that attends correctly over this step's keys and values but leaves the
+    caches as it found them (it writes into copies)."""
+    from hwplug.attention import TorchAttentionBackend
+
+    class NoWriteAttention(TorchAttentionBackend):
+        name = "nowrite"
+
+        def attend(self, query, key, value, key_cache, value_cache, metadata, **scales):  # type: ignore[no-untyped-def]
+            return super().attend(
+                query, key, value, key_cache.clone(), value_cache.clone(), metadata, **scales
+            )
+
+    return NoWriteAttention

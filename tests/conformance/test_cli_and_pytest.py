@@ -20,7 +20,7 @@ def test_json_report_and_exit_status_0(capsys: pytest.CaptureFixture[str]) -> No
     assert main(["conformance", "npu", "--profile", "acme-n1", "--json", *FAST]) == 0
     data = json.loads(capsys.readouterr().out)
     assert data["platform"] == "npu" and data["profile"] == "acme-n1"
-    assert data["ok"] is True and data["conformance_version"] == "1.0"
+    assert data["ok"] is True and data["conformance_version"] == "1.1"
     assert [r["id"] for r in data["results"]][:2] == ["R01", "R02"]
     assert data["results"][1] == {
         "id": "R02",
@@ -36,7 +36,7 @@ def test_table_names_every_check(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["conformance", "hpu", *FAST]) == 0
     out = capsys.readouterr().out
     assert "R12 The graph wrapper matches has_device_graphs()" in out
-    assert "hpu (simulated gaudi2) passes hwplug conformance 1.0" in out
+    assert "hpu (simulated gaudi2) passes hwplug conformance 1.1" in out
 
 
 def test_a_failing_check_exits_1(
@@ -61,6 +61,9 @@ def test_a_failing_check_exits_1(
         (["npu", "--skip", "X01=why"], "unknown conformance check 'X01'"),
         (["npu", "--skip", "R01"], "--skip 'R01': give ID=REASON"),
         (["npu", "--kind", "fast"], "--kind: unknown kind 'fast'"),
+        (["npu", "--timeout", "0"], "--timeout '0': give a positive number of seconds"),
+        (["npu", "--timeout", "soon"], "--timeout 'soon': give a positive number"),
+        (["npu", "--timeout", "inf"], "--timeout 'inf': give a positive number"),
     ],
 )
 def test_bad_input_exits_2_with_one_line(
@@ -100,3 +103,25 @@ def test_pytest_option_refuses_an_unknown_platform(pytester: pytest.Pytester) ->
     result = pytester.runpytest("-p", "no:cacheprovider", "--hwplug-conformance=nope")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["*--hwplug-conformance: unknown platform 'nope'*"])
+
+
+def test_pytest_option_takes_a_timeout(pytester: pytest.Pytester) -> None:
+    result = pytester.runpytest(
+        "-p",
+        "no:cacheprovider",
+        "--hwplug-conformance=cpu",
+        "--hwplug-conformance-timeout=120",
+        "-k",
+        "R01",
+    )
+    result.assert_outcomes(passed=1, deselected=16)
+    result = pytester.runpytest(
+        "-p", "no:cacheprovider", "--hwplug-conformance=cpu", "--hwplug-conformance-timeout=0"
+    )
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*--hwplug-conformance-timeout 0.0: give a positive number*"])
+
+
+def test_the_cli_takes_a_timeout(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["conformance", "cpu", "--timeout", "300", "--json", *FAST]) == 0
+    assert json.loads(capsys.readouterr().out)["ok"] is True

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
 
 from hwplug.conformance import CHECKS, CheckContext, run_checks
@@ -110,12 +112,12 @@ def test_runtime_checks_skip_without_a_device() -> None:
 def test_the_report_is_json_ready() -> None:
     report = run_checks("hpu", kinds=("rule",), skip={"R02": "slow", "R08": "slow"})
     data = report.to_dict()
-    assert data["conformance_version"] == "1.0"
+    assert data["conformance_version"] == "1.1"
     assert data["platform"] == "hpu" and data["profile"] == "gaudi2" and data["simulated"]
     assert data["ok"] is True
     assert data["counts"] == {"pass": 11, "fail": 0, "skip": 2}
     assert set(data["results"][0]) == {"id", "title", "kind", "outcome", "reason", "seconds"}
-    assert "passes hwplug conformance 1.0" in report.summary()
+    assert "passes hwplug conformance 1.1" in report.summary()
 
 
 def test_every_check_has_an_id_a_title_and_what_it_protects() -> None:
@@ -135,5 +137,66 @@ def test_rule_checks_pass_on_every_builtin_profile(profile: str) -> None:
     # detect() and cross-process hashes do not depend on the profile (R02, R08 above)
     report = run_checks(
         profile, kinds=("rule",), skip={"R02": "per platform", "R08": "per platform"}
+    )
+    assert report.ok, _explain(report)
+
+
+@pytest.fixture
+def no_write_backend() -> Iterator[type]:
+    """The ``nowrite`` backend registered through a plugin for one test."""
+    import hwplug
+    from hwplug.plugins import manager
+
+    backend = broken.no_write_backend()
+
+    class Provides:
+        @hwplug.hookimpl
+        def hwplug_attention_backends(self) -> list[type]:
+            return [backend]
+
+    pm = manager.get_plugin_manager()
+    pm.register(Provides(), name="nowrite-provider")
+    try:
+        yield backend
+    finally:
+        pm.unregister(name="nowrite-provider")
+
+
+def test_a_backend_that_never_writes_the_cache_fails_t02(no_write_backend: type) -> None:
+    report = run_checks(_simulated(broken.NoWriteNpu), kinds=("runtime",), skip={"T04": "slow"})  # type: ignore[arg-type]
+    result = report.result("T02")
+    assert result.outcome == "fail", _explain(report)
+    assert "the nowrite backend: its key cache is wrong after the call" in result.reason
+    assert "slots written this step hold other values than the reference write" in result.reason
+
+
+def test_a_check_that_never_returns_fails_after_the_timeout() -> None:
+    platform = _simulated(broken.HangingNpu)
+    context = CheckContext.for_platform(platform, timeout=0.5)  # type: ignore[arg-type]
+    try:
+        report = run_checks(
+            platform,  # type: ignore[arg-type]
+            kinds=("rule",),
+            skip={"R02": "slow", "R08": "slow"},
+            context=context,
+        )
+    finally:
+        broken.RELEASE.set()
+    hung = report.result("R03")
+    assert hung.outcome == "fail", _explain(report)
+    assert "did not finish within 0.5 s" in hung.reason
+    assert 0.5 <= hung.seconds < 10
+    assert report.result("R01").outcome == "pass", _explain(report)  # the kit went on
+
+
+@pytest.mark.parametrize("timeout", [0, -1, float("nan"), float("inf"), "10", True])
+def test_a_bad_timeout_is_a_config_error(timeout: object) -> None:
+    with pytest.raises(ConfigError, match="timeout must be a positive number of seconds"):
+        CheckContext(timeout=timeout)  # type: ignore[arg-type]
+
+
+def test_no_timeout_runs_the_check_in_the_callers_thread() -> None:
+    report = run_checks(
+        "cpu", kinds=("runtime",), context=CheckContext(timeout=None), skip={"T04": "slow"}
     )
     assert report.ok, _explain(report)

@@ -15,6 +15,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CHECKS",
+    "DEFAULT_TIMEOUT",
     "KINDS",
     "Check",
     "CheckContext",
@@ -95,6 +96,11 @@ def get_check(id: str) -> Check:
         ) from None
 
 
+DEFAULT_TIMEOUT = 600.0
+"""Seconds one check may run before it fails as hung (the slowest, T04 on a simulated
+device under the Triton interpreter, takes about a minute on two cores)."""
+
+
 class ResolutionBlocked(Exception):
     """Resolution cannot start on this platform (reported by another check)."""
 
@@ -105,17 +111,31 @@ class CheckContext:
 
     ``examples`` is the number of generated configs per rule check; ``device``
     the torch device runtime checks use (None: they skip, ``runtime_problem``
-    says why). A check adds to ``notes`` what it could not cover (shown with a
-    pass).
+    says why); ``timeout`` the seconds one check may run before it fails as
+    hung (None: no limit). A check adds to ``notes`` what it could not cover
+    (shown with a pass).
     """
 
     examples: int = 25
     seed: int = 0
+    timeout: float | None = DEFAULT_TIMEOUT
     device: str | None = "cpu"
     runtime_problem: str | None = None
     resolution_problem: str | None = None
     notes: list[str] = dataclasses.field(default_factory=list)
     cache: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        timeout = self.timeout
+        if timeout is not None and not (
+            isinstance(timeout, (int, float))
+            and not isinstance(timeout, bool)
+            and 0 < timeout < float("inf")
+        ):
+            raise ConfigError(
+                f"the conformance timeout must be a positive number of seconds (or None for "
+                f"no limit); got {timeout!r}"
+            )
 
     @classmethod
     def for_platform(cls, platform: Platform, **kwargs: Any) -> CheckContext:

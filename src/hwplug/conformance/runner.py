@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import dataclasses
 import logging
+import threading
 import time
 import warnings
 from collections.abc import Iterable, Iterator, Mapping
@@ -25,9 +27,9 @@ if TYPE_CHECKING:
 
 __all__ = ["CONFORMANCE_VERSION", "CheckResult", "Report", "load_platform", "run_checks"]
 
-CONFORMANCE_VERSION = "1.0"
+CONFORMANCE_VERSION = "1.1"
 """The version of the contract the checks test; a passing platform "passes hwplug
-conformance 1.0"."""
+conformance 1.1"."""
 
 Outcome = Literal["pass", "fail", "skip"]
 
@@ -224,7 +226,13 @@ def _library_quiet() -> Iterator[None]:
 def run_one(
     check_id: str, platform: Platform, context: CheckContext, *, skip_reason: str | None = None
 ) -> CheckResult:
-    """Run one check and turn its verdict into a :class:`CheckResult`."""
+    """Run one check and turn its verdict into a :class:`CheckResult`.
+
+    The check runs in a worker thread for at most ``context.timeout`` seconds
+    (None: no limit). A check still running then fails, saying so: a hook or a
+    kernel that never returns cannot hang the kit. The worker is a daemon
+    thread left to finish on its own (Python cannot stop a thread).
+    """
     item = get_check(check_id)
 
     def result(outcome: Outcome, reason: str, seconds: float = 0.0) -> CheckResult:
@@ -233,14 +241,45 @@ def run_one(
     if skip_reason is not None:
         return result("skip", f"skipped by request: {skip_reason}")
     context.notes = []
-    start = time.perf_counter()
-    try:
-        with _library_quiet():
+    verdict: list[BaseException | None] = []
+
+    def work() -> None:
+        try:
             item.check(platform, context)
-    except CheckFailed as exc:
-        return result("fail", exc.reason, time.perf_counter() - start)
-    except CheckSkipped as exc:
-        return result("skip", exc.reason, time.perf_counter() - start)
-    except Exception as exc:
-        return result("fail", f"the check raised {error_line(exc)}", time.perf_counter() - start)
-    return result("pass", "; ".join(context.notes), time.perf_counter() - start)
+        except BaseException as exc:  # handed to the caller's thread as the verdict
+            verdict.append(exc)
+        else:
+            verdict.append(None)
+
+    start = time.perf_counter()
+    with _library_quiet():
+        if context.timeout is None:
+            work()
+        else:
+            # the check sees the caller's context (use_platform, for one)
+            worker = threading.Thread(
+                target=contextvars.copy_context().run,
+                args=(work,),
+                name=f"hwplug-conformance-{item.id}",
+                daemon=True,
+            )
+            worker.start()
+            worker.join(context.timeout)
+    seconds = time.perf_counter() - start
+    if not verdict:
+        return result(
+            "fail",
+            f"the check did not finish within {context.timeout:g} s (a hook, probe or kernel "
+            "of the platform that never returns?); it was abandoned",
+            seconds,
+        )
+    exc = verdict[0]
+    if exc is None:
+        return result("pass", "; ".join(context.notes), seconds)
+    if isinstance(exc, CheckFailed):
+        return result("fail", exc.reason, seconds)
+    if isinstance(exc, CheckSkipped):
+        return result("skip", exc.reason, seconds)
+    if isinstance(exc, Exception):
+        return result("fail", f"the check raised {error_line(exc)}", seconds)
+    raise exc  # KeyboardInterrupt, SystemExit: not a verdict on the platform

@@ -189,6 +189,47 @@ def _backend_problem(backend: type[AttentionBackend], device: str) -> str | None
     return None
 
 
+def _cache_write_problem(
+    what: str, got: torch.Tensor, want: torch.Tensor, slots: torch.Tensor
+) -> str | None:
+    """Whether a cache after the backend's call holds what the reference write stores.
+
+    Every position must match: the written slots (fp8: within one rounding step
+    of the reference's rounding), and everything else untouched (padding rows,
+    whose slot is -1, included).
+    """
+    import torch
+
+    from hwplug.kernels import FP8_FORMATS
+
+    got, want = got.cpu(), want.cpu()
+    flat_got = got.reshape(-1, *got.shape[2:]).to(torch.float32)
+    flat_want = want.reshape(-1, *want.shape[2:]).to(torch.float32)
+    if got.dtype in FP8_FORMATS:
+        info = torch.finfo(got.dtype)
+        bound = flat_want.abs() * info.eps + info.tiny
+    else:
+        bound = torch.zeros_like(flat_want)
+    wrong = ((flat_got - flat_want).abs() > bound) | (flat_got.isnan() != flat_want.isnan())
+    bad = wrong.flatten(1).any(dim=1).nonzero().flatten().tolist()
+    if not bad:
+        return None
+    written = set(slots[slots >= 0].tolist())
+    missed = [s for s in bad if s in written]
+    stray = [s for s in bad if s not in written]
+    parts = []
+    if missed:
+        parts.append(
+            f"{len(missed)} of the {len(written)} slots written this step hold other values "
+            f"than the reference write (first: slot {missed[0]})"
+        )
+    if stray:
+        parts.append(
+            f"{len(stray)} slots that nothing was written to changed (first: slot {stray[0]})"
+        )
+    return f"its {what} cache is wrong after the call: " + "; ".join(parts)
+
+
 def _attend(
     backend: type[AttentionBackend],
     lengths: tuple[list[int], list[int]],
@@ -199,15 +240,21 @@ def _attend(
     head_size: int,
     device: str,
     seed: int,
-) -> float:
-    """Run one batch through ``backend``; the largest error against the reference."""
+) -> tuple[float, str | None]:
+    """Run one batch (with padding rows) through ``backend``.
+
+    Returns the largest error against the float64 reference computed from the
+    reference write, and what is wrong with the caches the backend left (None
+    when they hold exactly what the reference write stores).
+    """
     import torch
 
     from hwplug.attention import AttentionMetadata
-    from hwplug.kernels import FP8_FORMATS
+    from hwplug.kernels import FP8_FORMATS, write_kv_cache
 
     seq_lens, query_lens = lengths
     heads, kv_heads = 4, 2
+    padding = 3
     gen = torch.Generator().manual_seed(seed)
     needed = [-(-n // block_size) for n in seq_lens]
     num_blocks = sum(needed) + 2
@@ -217,9 +264,9 @@ def _attend(
         table.append(order[used : used + n])
         used += n
     metadata = AttentionMetadata.from_lengths(
-        seq_lens, query_lens, table, block_size, num_tokens=sum(query_lens)
+        seq_lens, query_lens, table, block_size, num_tokens=sum(query_lens) + padding
     ).to(device)
-    n = sum(query_lens)
+    n = sum(query_lens) + padding
     shape = (num_blocks, block_size, kv_heads, head_size)
     key_cache = torch.randn(shape, generator=gen).to(cache_dtype).to(device)
     value_cache = torch.randn(shape, generator=gen).to(cache_dtype).to(device)
@@ -228,31 +275,64 @@ def _attend(
     value = torch.randn(n, kv_heads, head_size, generator=gen).to(dtype).to(device)
     fp8 = cache_dtype in FP8_FORMATS
     ks, vs = (0.5, 0.5) if fp8 else (1.0, 1.0)
+    # what the caches must hold after the call: hwplug's reference write
+    want_k, want_v = key_cache.clone(), value_cache.clone()
+    write_kv_cache(key, value, want_k, want_v, metadata.slot_mapping, ks, vs, backend="torch")
     scale = head_size**-0.5
     impl = backend(heads, head_size, kv_heads, scale, cache_dtype=cache_dtype)
     out = impl.forward(query, key, value, key_cache, value_cache, metadata, k_scale=ks, v_scale=vs)
-    want = reference_attention(
-        query, key_cache, value_cache, metadata, scale=scale, k_scale=ks, v_scale=vs
-    )
     if out.shape != query.shape or out.dtype != dtype:
         raise CheckFailed(
             f"the {backend.name} backend returned {tuple(out.shape)} {out.dtype}, "
             f"expected {tuple(query.shape)} {dtype}"
         )
+    slots = metadata.slot_mapping.cpu()
+    cache_problem = _cache_write_problem("key", key_cache, want_k, slots) or _cache_write_problem(
+        "value", value_cache, want_v, slots
+    )
+    want = reference_attention(query, want_k, want_v, metadata, scale=scale, k_scale=ks, v_scale=vs)
     got = out[: want.shape[0]].cpu().to(torch.float64)
-    return float((got - want).abs().max().item()) if want.numel() else 0.0
+    error = float((got - want).abs().max().item()) if want.numel() else 0.0
+    return error, cache_problem
+
+
+_HEAD_SIZES = (64, 128, 32, 80, 96, 112, 256, 48, 16)
+"""Head sizes the runtime checks try, most common first."""
+
+
+def _head_size_for(
+    backend: type[AttentionBackend], config: EngineConfig, platform: Platform
+) -> tuple[int | None, str]:
+    """The first head size of :data:`_HEAD_SIZES` that ``backend`` serves with ``config``
+    on ``platform``, or None and each size's problem."""
+    import copy
+
+    problems = []
+    for size in _HEAD_SIZES:
+        trial = copy.deepcopy(config)
+        trial.model.head_size = size
+        why = backend.problem(trial, platform)
+        if why is None:
+            return size, ""
+        problems.append(f"{size}: {why}")
+    return None, "; ".join(problems)
 
 
 @check(
     "T02",
-    "Attention backends match a float64 reference",
-    protects="an attention backend that computes wrong outputs for some batch shape.",
+    "Attention backends match a float64 reference and write the cache",
+    protects=(
+        "an attention backend that computes wrong outputs for some batch shape, or leaves "
+        "the KV cache other than the reference write (the next step reads it)."
+    ),
     kind="runtime",
 )
 def attention_matches_reference(platform: Platform, context: CheckContext) -> None:
     """Every backend of the platform's order, on prefill, chunked prefill, decode and mixed
-    batches at each advertised block size (model dtype cache) and on a mixed batch per
-    other advertised cache dtype."""
+    batches (with padding rows) at each advertised block size (model dtype cache) and on a
+    mixed batch per other advertised cache dtype, at the first head size the backend
+    serves: the output against a float64 reference, and the caches against
+    ``write_kv_cache``'s reference write (every slot; fp8 within one rounding step)."""
     from hwplug.attention import available_backends
     from hwplug.core.kv_cache import cache_dtype_to_torch
 
@@ -261,14 +341,16 @@ def attention_matches_reference(platform: Platform, context: CheckContext) -> No
     installed = available_backends()
     model_dtype = config.model.dtype
     dtype = _torch_dtype(model_dtype)
-    head_size = 64
     ran: list[str] = []
     for name in platform.attention_backends(config):
         backend = installed.get(name)
         if backend is None:
             raise CheckFailed(f"attention backend {name!r} is not installed (see R13)")
-        why = _backend_problem(backend, device) or backend.problem(config, platform)
-        if why is not None:
+        why = _backend_problem(backend, device)
+        head_size, problems = _head_size_for(backend, config, platform)
+        if why is None and head_size is None:
+            why = f"it serves none of the head sizes tried ({problems})"
+        if why is not None or head_size is None:
             context.note(f"{name} not run: {why}")
             continue
         cases: list[tuple[str, int, str]] = [
@@ -285,7 +367,7 @@ def attention_matches_reference(platform: Platform, context: CheckContext) -> No
                 context.note(f"{name} does not serve block size {size}")
                 continue
             cache_dtype = cache_dtype_to_torch(cache_name, model_dtype, platform)
-            error = _attend(
+            error, cache_problem = _attend(
                 backend,
                 _BATCHES[kind],
                 block_size=size,
@@ -295,13 +377,15 @@ def attention_matches_reference(platform: Platform, context: CheckContext) -> No
                 device=device,
                 seed=context.seed,
             )
+            where = (
+                f"on a {kind} batch at block size {size}, cache dtype {cache_name} "
+                f"({cache_dtype}), head size {head_size}, model dtype {model_dtype}"
+            )
+            if cache_problem is not None:
+                raise CheckFailed(f"the {name} backend: {cache_problem} {where}")
             limit = _TOLERANCE.get(model_dtype, 2e-2)
             if not error <= limit:
-                raise CheckFailed(
-                    f"the {name} backend is off by {error:.3g} (> {limit:g}) on a {kind} batch "
-                    f"at block size {size}, cache dtype {cache_name} ({cache_dtype}), "
-                    f"model dtype {model_dtype}"
-                )
+                raise CheckFailed(f"the {name} backend is off by {error:.3g} (> {limit:g}) {where}")
         ran.append(name)
     if not ran:
         raise CheckSkipped("; ".join(context.notes) or "the platform names no attention backend")
@@ -405,19 +489,73 @@ def tiny_checkpoint(platform: Platform, context: CheckContext) -> None:
     if platform.simulated:
         # CPU tensors stand in for the device: compiling and capturing for it is not the point.
         model_section["enforce_eager"] = True
+    head_size, backend_name = _checkpoint_head_size(platform, context, model_section)
+    if backend_name is not None:
+        from hwplug.attention import available_backends
+
+        backend = available_backends().get(backend_name)
+        why = None if backend is None else _backend_problem(backend, device)
+        if why is not None:
+            raise CheckSkipped(f"the {backend_name} attention backend cannot run here: {why}")
     _quiet_transformers()
     with tempfile.TemporaryDirectory(prefix="hwplug-conformance-") as tmp:
         path = make_checkpoint(
-            tmp, layers=1, hidden=64, heads=4, kv_heads=2, vocab=64, init_std=0.5, seed=1
+            tmp,
+            layers=1,
+            hidden=4 * head_size,
+            heads=4,
+            kv_heads=2,
+            head_dim=head_size,
+            intermediate=64,
+            vocab=64,
+            init_std=0.5,
+            seed=1,
         )
         reference = LLM(path, config={"model": {"dtype": "float32"}}, platform="cpu", device="cpu")
         want = reference.generate(prompts, max_tokens=4, ignore_eos=True)
         try:
             engine = LLM(path, config={"model": model_section}, platform=platform, device=device)
         except ConfigError as exc:
-            raise CheckSkipped(f"the tiny checkpoint cannot run here: {error_line(exc)}") from exc
+            raise CheckFailed(
+                f"a checkpoint of head size {head_size}, which resolves on {platform.name}, "
+                f"cannot be served: {error_line(exc)}"
+            ) from exc
         got = engine.generate(prompts, max_tokens=4, ignore_eos=True)
     if got != want:
         raise CheckFailed(
-            f"generated {got} on {platform.name}, but the CPU in float32 generates {want}"
+            f"generated {got} on {platform.name} (head size {head_size}), but the CPU in "
+            f"float32 generates {want}"
         )
+
+
+def _checkpoint_head_size(
+    platform: Platform, context: CheckContext, model_section: dict[str, Any]
+) -> tuple[int, str | None]:
+    """The first head size of :data:`_HEAD_SIZES` whose tiny model resolves on ``platform``
+    (an attention backend serves it), and that backend; skips the check, with each size's
+    reason, when none does.
+    """
+    from hwplug.core.config import EngineConfig
+
+    problems = []
+    for size in _HEAD_SIZES:
+        model = dict(
+            model_section,
+            head_size=size,
+            hidden_size=4 * size,
+            num_attention_heads=4,
+            num_kv_heads=2,
+            num_layers=1,
+            max_model_len=64,
+        )
+        try:
+            resolution = context.resolve(platform, EngineConfig.from_dict({"model": model}))
+        except ResolutionBlocked as exc:
+            raise CheckSkipped(str(exc)) from None
+        except ConfigError as exc:
+            problems.append(f"{size}: {error_line(exc)}")
+            continue
+        return size, resolution.config.attention.backend
+    raise CheckSkipped(
+        f"no tiny checkpoint resolves on {platform.name} (head sizes tried: {'; '.join(problems)})"
+    )

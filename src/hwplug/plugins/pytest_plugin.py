@@ -211,6 +211,14 @@ def pytest_addoption(parser: pytest.Parser) -> None:
             "as in npu,cuda): one test per check per platform"
         ),
     )
+    group.addoption(
+        "--hwplug-conformance-timeout",
+        dest="hwplug_conformance_timeout",
+        default=None,
+        type=float,
+        metavar="SECONDS",
+        help="how long one conformance check may run before it fails as hung (default 600)",
+    )
 
 
 class ConformanceItem(pytest.Item):
@@ -227,7 +235,9 @@ class ConformanceItem(pytest.Item):
         cache = self.config.stash.setdefault(_CONFORMANCE, {})
         if self.platform_name not in cache:
             platform = load_platform(self.platform_name)
-            cache[self.platform_name] = (platform, CheckContext.for_platform(platform))
+            timeout = self.config.getoption("hwplug_conformance_timeout", default=None)
+            limit = {} if timeout is None else {"timeout": timeout}
+            cache[self.platform_name] = (platform, CheckContext.for_platform(platform, **limit))
         platform, context = cache[self.platform_name]
         result = run_one(self.check_id, platform, context)
         if result.outcome == "skip":
@@ -262,6 +272,11 @@ def pytest_collection_modifyitems(
     names = [part.strip().lower() for part in text.split(",") if part.strip()]
     if not names:
         raise pytest.UsageError("--hwplug-conformance is empty; give platform names, as in npu")
+    timeout = config.getoption("hwplug_conformance_timeout", default=None)
+    if timeout is not None and not 0 < timeout < float("inf"):
+        raise pytest.UsageError(
+            f"--hwplug-conformance-timeout {timeout!r}: give a positive number of seconds"
+        )
     for name in names:
         try:
             load_platform(name)
