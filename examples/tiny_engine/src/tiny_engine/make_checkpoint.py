@@ -45,11 +45,17 @@ def make_checkpoint(
     rope_scaling: dict[str, Any] | None = None,
     shard_size: str | None = None,
     eos_token_id: int | list[int] = 2,
+    norm_std: float = 0.0,
+    config_overrides: dict[str, Any] | None = None,
 ) -> Path:
     """Write a random checkpoint to ``directory`` and return its path.
 
     ``rope_scaling`` is the Hub's dict (``{"rope_type": "llama3", "factor": 8.0,
     ...}``). ``shard_size`` (such as ``"20KB"``) splits the weights into shards.
+    ``norm_std`` > 0 draws the norms' weights around 1 with that deviation
+    (transformers leaves them at 1, which hides a norm applied in the wrong
+    place). ``config_overrides`` are further config fields (``attention_bias``,
+    ``rope_theta``, ``sliding_window``, ``layer_types``, ...).
 
     :raises ValueError: an unknown ``arch``.
     """
@@ -76,9 +82,15 @@ def make_checkpoint(
         kwargs["head_dim"] = head_dim
     if rope_scaling is not None:
         kwargs["rope_scaling"] = dict(rope_scaling)
+    kwargs.update(config_overrides or {})
     config = getattr(transformers, config_name)(**kwargs)
     torch.manual_seed(seed)
     model = getattr(transformers, model_name)(config).eval()
+    if norm_std > 0:
+        with torch.no_grad():
+            for name, param in model.named_parameters():
+                if name.endswith("norm.weight"):
+                    param.normal_(1.0, norm_std)
     path = Path(directory)
     save: dict[str, Any] = {"safe_serialization": True}
     if shard_size is not None:
