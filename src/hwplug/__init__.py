@@ -96,6 +96,7 @@ def _wire() -> None:
         platform=get_platform,
         piecewise_backend=_piecewise_backend,
         attention_backends=_attention_plugin_results,
+        attention_version=_attention_plugins_version,
     )
 
 
@@ -103,6 +104,13 @@ def _attention_plugin_results() -> list[tuple[str, str, object]]:
     from hwplug.plugins.manager import get_plugin_manager
 
     return get_plugin_manager().attention_backend_results()
+
+
+def _attention_plugins_version() -> object:
+    from hwplug.plugins.manager import get_plugin_manager
+
+    manager = get_plugin_manager()
+    return (id(manager), manager.generation)
 
 
 def __getattr__(name: str) -> Any:

@@ -298,7 +298,7 @@ BAD_FORWARD = {
     ),
     "metadata type": (
         lambda a: {**a, "metadata": {"seq_lens": 1}},
-        "metadata must be an AttentionMetadata; got dict",
+        "metadata must be an AttentionMetadata or what prepare\\(\\) returned; got dict",
     ),
 }
 
@@ -383,7 +383,7 @@ def test_forward_rejects_bad_scales(scale: Any, message: str) -> None:
 
 def test_torch_backend_checks_values_it_reads() -> None:
     args = with_metadata(seq_lens=torch.tensor([1, 3], dtype=torch.int32))
-    with pytest.raises(ValueError, match=r"sequence 0 has 2 query tokens but seq_lens\[0\]=1"):
+    with pytest.raises(ValueError, match=r"sequence 0 has query_lens\[0\]=2 and seq_lens\[0\]=1"):
         call(args)
     args = with_metadata(block_table=torch.tensor([[0, 99], [2, 0]], dtype=torch.int32))
     with pytest.raises(ValueError, match=r"block_table\[0, 1\] = 99, but the cache has"):

@@ -102,4 +102,6 @@ def test_unused_block_table_entries_may_hold_anything() -> None:
 
 def test_to_moves_every_tensor() -> None:
     meta = AttentionMetadata.from_lengths([3], [1], [[1]], 4).to("meta")
-    assert {t.device.type for t in vars(meta).values()} == {"meta"}
+    tensors = (meta.query_start_loc, meta.seq_lens, meta.block_table, meta.slot_mapping)
+    assert {t.device.type for t in tensors} == {"meta"}
+    assert meta.query_lens == [1] and meta.seq_lens_cpu == [3]  # host values stay

@@ -230,3 +230,48 @@ def test_the_fake_implementation_traces_shapes() -> None:
     compiled = torch.compile(attend, backend="aot_eager", fullgraph=True)
     out = compiled(batch.query, batch.key, batch.value)
     assert out.shape == (5, 4)
+
+
+def test_the_op_follows_plugins_registered_and_unregistered() -> None:
+    import hwplug
+    from hwplug.core.errors import ConfigError
+    from hwplug.plugins import manager
+
+    calls: list[str] = []
+
+    def backend_named(tag: str) -> type:
+        class Tagged(TorchAttentionBackend):
+            name = "tagged"
+
+            def attend(self, *args: object, **kwargs: object) -> torch.Tensor:
+                calls.append(tag)
+                return super().attend(*args, **kwargs)  # type: ignore[arg-type]
+
+        return Tagged
+
+    def provider(backend: type) -> object:
+        class Provides:
+            @hwplug.hookimpl
+            def hwplug_attention_backends(self) -> list[type]:
+                return [backend]
+
+        return Provides()
+
+    batch = make_batch(
+        [5], [5], num_heads=HEADS, num_kv_heads=KV_HEADS, head_size=HEAD_SIZE, block_size=4
+    )
+    pm = manager.get_plugin_manager()
+    pm.register(provider(backend_named("first")), name="tagged-provider")
+    try:
+        unified_attention(*batch.args(), backend="tagged", scale=0.2)
+        assert calls == ["first"]
+    finally:
+        pm.unregister(name="tagged-provider")
+    with pytest.raises(ConfigError, match="unknown attention backend 'tagged'"):
+        unified_attention(*batch.args(), backend="tagged", scale=0.2)
+    pm.register(provider(backend_named("second")), name="tagged-provider")
+    try:
+        unified_attention(*batch.args(), backend="tagged", scale=0.2)
+        assert calls == ["first", "second"]
+    finally:
+        pm.unregister(name="tagged-provider")

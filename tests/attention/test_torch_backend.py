@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import torch
 
-from hwplug.attention import TorchAttentionBackend
+from hwplug.attention import AttentionMetadata, TorchAttentionBackend
 from tests.attention.helpers import Batch, make_batch, reference_attention
 
 HEADS, KV_HEADS, HEAD, BLOCK = 4, 2, 16, 4
@@ -62,38 +62,68 @@ def test_layers_with_and_without_a_window_share_metadata() -> None:
         torch.testing.assert_close(out[:rows], _expected(batch, window=window))
 
 
-@pytest.mark.parametrize(
-    "change",
-    ["block_table", "slot_mapping", "lengths"],
-)
-def test_buffers_refilled_in_place_are_read_afresh(change: str) -> None:
-    first = _batch([10, 7], [1, 1], seed=2, num_blocks=12)
-    _attend(first)  # the first step's work is shared by its layers
+def _buffers(num_seqs: int, width: int, num_tokens: int) -> AttentionMetadata:
+    """Persistent metadata buffers, as an engine keeps for its graphs."""
+    return AttentionMetadata(
+        torch.zeros(num_seqs + 1, dtype=torch.int32),
+        torch.zeros(num_seqs, dtype=torch.int32),
+        torch.zeros(num_seqs, width, dtype=torch.int32),
+        torch.zeros(num_tokens, dtype=torch.int64),
+    )
+
+
+def _rebuilt(batch: Batch, out: AttentionMetadata) -> Batch:
+    """``batch`` with its metadata built again from host values into ``out``."""
+    meta = batch.metadata
+    assert meta.query_lens is not None and meta.seq_lens_cpu is not None
+    built = AttentionMetadata.build(
+        meta.query_lens,
+        meta.seq_lens_cpu,
+        meta.block_table.tolist(),
+        meta.slot_mapping.tolist(),
+        device="cpu",
+        out=out,
+    )
+    return Batch(batch.query, batch.key, batch.value, batch.key_cache, batch.value_cache, built)
+
+
+@pytest.mark.parametrize("change", ["block_table", "slot_mapping", "lengths"])
+def test_steps_built_into_the_same_buffers_each_attend_their_own_values(change: str) -> None:
+    buffers = _buffers(4, 8, 16)
+    first = _rebuilt(_batch([10, 7], [1, 1], seed=2, num_blocks=12), buffers)
+    impl = TorchAttentionBackend(HEADS, HEAD, KV_HEADS, 0.25)
+    first_step = TorchAttentionBackend.prepare(first.metadata, num_blocks=12, block_size=BLOCK)
+    impl.forward(*first.args()[:5], first_step)
     if change == "lengths":
         nxt = _batch([11, 8], [1, 1], seed=3, num_blocks=12)
     else:
         nxt = _batch([10, 7], [1, 1], seed=3, num_blocks=12)
-        if change == "block_table":  # same lengths and slots, other pages
-            nxt.metadata.slot_mapping.copy_(first.metadata.slot_mapping)
-        else:  # same lengths and pages, other slots for the new tokens
-            nxt.metadata.block_table.copy_(first.metadata.block_table)
+    nxt = _rebuilt(nxt, buffers)
     if change == "block_table":
-        assert not torch.equal(first.metadata.block_table, nxt.metadata.block_table)
-    _refill(first, nxt)
-    step = Batch(nxt.query, nxt.key, nxt.value, nxt.key_cache, nxt.value_cache, first.metadata)
-    out = _attend(step)
-    torch.testing.assert_close(out[:2], _expected(step))
+        tables = (first.metadata.block_table_cpu, nxt.metadata.block_table_cpu)
+        assert tables[0] is not None and tables[1] is not None
+        assert not torch.equal(*tables)
+    # the same memory, refilled: each step's own prepared plan reads its own values
+    assert nxt.metadata.block_table.data_ptr() == first.metadata.block_table.data_ptr()
+    step = TorchAttentionBackend.prepare(nxt.metadata, num_blocks=12, block_size=BLOCK)
+    out = impl.forward(*nxt.args()[:5], step)
+    torch.testing.assert_close(out[:2], _expected(nxt))
     slots = nxt.metadata.slot_mapping.tolist()
     flat_keys = nxt.key_cache.reshape(-1, KV_HEADS, HEAD)
     torch.testing.assert_close(flat_keys[slots], nxt.key[:2])
 
 
-def test_a_bad_value_written_after_a_good_step_is_still_caught() -> None:
+def test_a_bad_value_in_a_later_step_is_caught_when_it_is_prepared() -> None:
     batch = _batch([6, 5], [1, 1], seed=4, num_blocks=6)
     _attend(batch)
-    batch.metadata.block_table[1, 0] = 77
+    table = batch.metadata.block_table.tolist()
+    table[1][0] = 77
+    meta = batch.metadata
+    bad = AttentionMetadata.build(
+        meta.query_lens or [], meta.seq_lens_cpu or [], table, [3, 4], device="cpu"
+    )
     with pytest.raises(ValueError, match=r"block_table\[1, 0\] = 77, but the cache has 6 blocks"):
-        _attend(batch)
+        TorchAttentionBackend.prepare(bad, num_blocks=6, block_size=BLOCK)
 
 
 def test_the_same_metadata_against_a_smaller_cache_is_checked_again() -> None:

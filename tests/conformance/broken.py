@@ -57,16 +57,20 @@ class TorchDetectNpu(NpuPlatform):
         return []
 
 
+HANG = threading.Event()
+"""Set by the tests while :class:`HangingNpu`'s profiles() should hang."""
 RELEASE = threading.Event()
 """Set by the tests once they are done with :class:`HangingNpu` (it then returns)."""
 
 
 class HangingNpu(NpuPlatform):
-    """Its own config check never returns (until the tests release it)."""
+    """Its profiles() never return while :data:`HANG` is set (until :data:`RELEASE` is)."""
 
-    def check_and_update_config(self, config: EngineConfig, changes: ChangeLog) -> None:
-        RELEASE.wait(120)
-        super().check_and_update_config(config, changes)
+    @classmethod
+    def profiles(cls) -> dict:  # type: ignore[type-arg]
+        if HANG.is_set():
+            RELEASE.wait(120)
+        return super().profiles()
 
 
 class NoWriteNpu(NpuPlatform):

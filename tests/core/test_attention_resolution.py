@@ -149,6 +149,80 @@ def test_hwplug_attention_op_joins_unset_splitting_ops_only() -> None:
     assert explicit.splitting_ops == given
 
 
+LEAVES_ATTENTION_IN = {"level": 3, "splitting_ops": ["vllm.unified_attention"]}
+"""Piecewise compilation whose splitting ops leave hwplug's attention ops in the pieces."""
+
+
+def test_explicit_piecewise_graphs_that_would_capture_the_torch_backend_are_refused() -> None:
+    with pytest.raises(hwplug.ConfigError) as err:
+        resolve(
+            "h100",
+            attention={"backend": "torch"},
+            compilation={**LEAVES_ATTENTION_IN, "cudagraph_mode": "PIECEWISE"},
+        )
+    message = str(err.value)
+    assert "compilation.cudagraph_mode=PIECEWISE cannot run on" in message
+    assert "hwplug.unified_attention, hwplug.unified_attention_with_output" in message
+    assert "the torch attention backend (graph support NEVER" in message
+    assert "add hwplug.unified_attention" in message and "cudagraph_mode=NONE" in message
+
+
+def test_unset_piecewise_graphs_that_would_capture_the_torch_backend_become_none() -> None:
+    resolution = resolve("h100", attention={"backend": "torch"}, compilation=LEAVES_ATTENTION_IN)
+    assert resolution.config.compilation.cudagraph_mode == CUDAGraphMode.NONE
+    assert resolution.config.compilation.cudagraph_capture_sizes == []
+    change = resolution.changes_to("compilation.cudagraph_mode")[-1]
+    assert change.source == "engine"
+    assert "inside the piecewise graphs" in change.reason and "torch" in change.reason
+
+
+def test_piecewise_graphs_with_attention_split_out_keep_the_torch_backend() -> None:
+    ops = ["hwplug.unified_attention", "hwplug.unified_attention_with_output"]
+    resolution = resolve(
+        "h100",
+        attention={"backend": "torch"},
+        compilation={"level": 3, "splitting_ops": ops, "cudagraph_mode": "PIECEWISE"},
+    )
+    assert resolution.config.compilation.cudagraph_mode == CUDAGraphMode.PIECEWISE
+
+
+def test_half_split_attention_is_still_captured() -> None:
+    """The model may call either op: both must be split out."""
+    with pytest.raises(hwplug.ConfigError, match="leave hwplug.unified_attention_with_output"):
+        resolve(
+            "h100",
+            attention={"backend": "torch"},
+            compilation={
+                "level": 3,
+                "splitting_ops": ["hwplug.unified_attention"],
+                "cudagraph_mode": "PIECEWISE",
+            },
+        )
+
+
+def test_a_backend_that_runs_in_any_graph_may_be_captured_piecewise() -> None:
+    resolution = resolve("h100", compilation={**LEAVES_ATTENTION_IN, "cudagraph_mode": "PIECEWISE"})
+    assert resolution.config.attention.backend == "triton"
+    assert resolution.config.compilation.cudagraph_mode == CUDAGraphMode.PIECEWISE
+
+
+def test_a_decode_capturable_backend_keeps_its_full_decode_graphs(registered) -> None:
+    class Provides:
+        @hwplug.hookimpl
+        def hwplug_attention_backends(self) -> list[type[AttentionBackend]]:
+            return [Pretend]
+
+    registered(Provides(), "provides")
+    resolution = resolve("h100", attention={"backend": "pretend"}, compilation=LEAVES_ATTENTION_IN)
+    assert resolution.config.compilation.cudagraph_mode == CUDAGraphMode.FULL_DECODE_ONLY
+    with pytest.raises(hwplug.ConfigError, match="cudagraph_mode=FULL_DECODE_ONLY"):
+        resolve(
+            "h100",
+            attention={"backend": "pretend"},
+            compilation={**LEAVES_ATTENTION_IN, "cudagraph_mode": "FULL_AND_PIECEWISE"},
+        )
+
+
 def test_the_backend_is_part_of_the_config_hash() -> None:
     torch_config = EngineConfig.from_dict({"attention": {"backend": "torch"}})
     triton_config = EngineConfig.from_dict({"attention": {"backend": "triton"}})

@@ -337,6 +337,26 @@ def test_a_non_float_weight_is_a_checkpoint_error(llama: Path, tmp_path: Path) -
         LLM(target, config=cpu_config())
 
 
+def test_a_tensor_whose_shape_contradicts_config_json_names_the_shard(
+    llama: Path, tmp_path: Path
+) -> None:
+    from safetensors.torch import load_file, save_file
+    from tiny_engine import LLM, CheckpointError
+
+    target = tmp_path / "narrow"
+    shutil.copytree(llama, target)
+    tensors = load_file(target / "model.safetensors")
+    weight = tensors["model.layers.0.mlp.down_proj.weight"]
+    tensors["model.layers.0.mlp.down_proj.weight"] = weight[:, :-1].contiguous()
+    save_file(tensors, target / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(CheckpointError) as info:
+        LLM(target, config=cpu_config())
+    message = str(info.value)
+    assert str(target / "model.safetensors") in message
+    assert "'model.layers.0.mlp.down_proj.weight' has shape" in message
+    assert "config.json implies" in message
+
+
 @pytest.mark.parametrize(("changes", "message"), MALFORMED[:4])
 def test_the_cli_turns_a_malformed_config_into_one_line_and_status_2(
     broken: Callable[[dict[str, Any]], Path],

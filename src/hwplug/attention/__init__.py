@@ -1,7 +1,12 @@
 """Attention backends: the contract, the built-ins and the registry.
 
 - :class:`AttentionBackend`: the base class of every backend;
-- :class:`AttentionMetadata`: one step's batch layout;
+- :class:`AttentionMetadata`: one step's batch layout, built once per step from
+  host values (:meth:`AttentionMetadata.build`);
+- ``backend_cls.prepare(metadata, num_blocks=..., block_size=...)``: what a
+  backend derives from a step, once, before the first layer; engines run the
+  model inside :func:`forward_context` with it, and no layer's ``forward``
+  reads anything back from the device;
 - :class:`TorchAttentionBackend` (``torch``) and :class:`TritonAttentionBackend`
   (``triton``): the built-in backends;
 - :func:`get_backend` / :func:`available_backends`: look backends up by name;
@@ -15,11 +20,12 @@ Importing this package does not import torch, and neither does
 
 from __future__ import annotations
 
-from hwplug.attention.base import AttentionBackend
+from hwplug.attention.base import AttentionBackend, PreparedStep, metadata_of
+from hwplug.attention.context import current_step, forward_context
 from hwplug.attention.metadata import AttentionMetadata
 from hwplug.attention.ops import register_unified_attention, unified_attention
 from hwplug.attention.registry import BUILTIN_BACKENDS, collect_backends, lookup_backend
-from hwplug.attention.torch_backend import TorchAttentionBackend
+from hwplug.attention.torch_backend import TorchAttentionBackend, TorchAttentionStep
 from hwplug.attention.triton_backend import TritonAttentionBackend
 from hwplug.core import collaborators
 
@@ -27,12 +33,17 @@ __all__ = [
     "BUILTIN_BACKENDS",
     "AttentionBackend",
     "AttentionMetadata",
+    "PreparedStep",
     "TorchAttentionBackend",
+    "TorchAttentionStep",
     "TritonAttentionBackend",
     "available_backends",
     "collect_backends",
+    "current_step",
+    "forward_context",
     "get_backend",
     "lookup_backend",
+    "metadata_of",
     "register_unified_attention",
     "unified_attention",
 ]

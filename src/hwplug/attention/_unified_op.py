@@ -5,11 +5,10 @@ imports it on first use. (No ``from __future__ import annotations`` here:
 ``torch.library`` reads the signature's annotations to build the schema.)
 """
 
-import functools
-
 import torch
 
 from hwplug.attention.base import AttentionBackend
+from hwplug.attention.context import step_for
 from hwplug.attention.metadata import AttentionMetadata
 
 __all__ = [
@@ -21,7 +20,13 @@ __all__ = [
 ]
 
 
-@functools.lru_cache(maxsize=256)
+_MAX_INSTANCES = 256
+"""Backend instances kept (one per layer shape; a model has a handful)."""
+
+_instances: dict[tuple[object, ...], AttentionBackend] = {}
+_seen_version: list[object] = [object()]
+
+
 def _backend(
     name: str,
     num_heads: int,
@@ -31,17 +36,34 @@ def _backend(
     sliding_window: int | None,
     cache_dtype: torch.dtype,
 ) -> AttentionBackend:
-    """One backend instance per layer shape (construction validates, so do it once)."""
-    from hwplug.attention import get_backend
+    """One backend instance per layer shape (construction validates, so do it once).
 
-    return get_backend(name)(
-        num_heads,
-        head_size,
-        num_kv_heads,
-        scale,
-        sliding_window=sliding_window,
-        cache_dtype=cache_dtype,
-    )
+    The instances follow the registry: when a plugin is registered or
+    unregistered they are forgotten, so a name is looked up again (a backend
+    whose plugin is gone is an unknown name).
+    """
+    from hwplug.attention import get_backend
+    from hwplug.core import collaborators
+
+    version = collaborators.attention_plugins_version()
+    if version != _seen_version[0]:
+        _instances.clear()
+        _seen_version[0] = version
+    key = (name, num_heads, head_size, num_kv_heads, scale, sliding_window, cache_dtype)
+    impl = _instances.get(key)
+    if impl is None:
+        impl = get_backend(name)(
+            num_heads,
+            head_size,
+            num_kv_heads,
+            scale,
+            sliding_window=sliding_window,
+            cache_dtype=cache_dtype,
+        )
+        if len(_instances) >= _MAX_INSTANCES:
+            _instances.clear()
+        _instances[key] = impl
+    return impl
 
 
 @torch.library.custom_op("hwplug::unified_attention", mutates_args=("key_cache", "value_cache"))
@@ -77,9 +99,12 @@ def unified_attention_op(
         sliding_window,
         key_cache.dtype,
     )
-    metadata = AttentionMetadata(query_start_loc, seq_lens, block_table, slot_mapping)
+    # the step the engine prepared (forward_context), when it is this step's metadata
+    step = step_for(query_start_loc, seq_lens, block_table, slot_mapping)
+    if step is None:
+        step = AttentionMetadata(query_start_loc, seq_lens, block_table, slot_mapping)
     return impl.forward(
-        query, key, value, key_cache, value_cache, metadata, k_scale=k_scale, v_scale=v_scale
+        query, key, value, key_cache, value_cache, step, k_scale=k_scale, v_scale=v_scale
     )
 
 

@@ -27,7 +27,13 @@ if TYPE_CHECKING:
     from hwplug.core.config import EngineConfig
     from hwplug.core.platform import Platform
 
-__all__ = ["CACHE_DTYPE_NAMES", "AttentionBackend", "describe_sizes"]
+__all__ = [
+    "CACHE_DTYPE_NAMES",
+    "AttentionBackend",
+    "PreparedStep",
+    "describe_sizes",
+    "metadata_of",
+]
 
 CACHE_DTYPE_NAMES: dict[str, str | None] = {
     "auto": None,
@@ -52,6 +58,34 @@ def describe_sizes(sizes: Collection[int]) -> str:
             return f"every multiple of {sizes.step} from {sizes.start} to {last}"
         return f"every {sizes.step}th size from {sizes.start} to {last}"
     return ", ".join(str(s) for s in sorted(sizes))
+
+
+class PreparedStep:
+    """What a backend's :meth:`AttentionBackend.prepare` derived from one step.
+
+    Subclasses add the backend's own per-step structures. Every layer of the
+    step passes it to ``forward``; it lives for one step (nothing is cached
+    between steps).
+    """
+
+    metadata: AttentionMetadata
+    """The step's metadata."""
+    num_blocks: int
+    """The number of blocks of the caches it was prepared for."""
+    block_size: int
+    """Their block size."""
+
+    def __init__(self, metadata: AttentionMetadata, num_blocks: int, block_size: int) -> None:
+        self.metadata = metadata
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+
+
+def metadata_of(step: object) -> AttentionMetadata:
+    """The metadata of a prepared step (a :class:`PreparedStep`, or metadata itself)."""
+    if isinstance(step, PreparedStep):
+        return step.metadata
+    return step  # type: ignore[return-value]
 
 
 def _positive_int(name: str, value: object) -> int:
@@ -241,6 +275,32 @@ class AttentionBackend:
         )
 
     # -- running ---------------------------------------------------------------
+    @classmethod
+    def prepare(cls, metadata: AttentionMetadata, *, num_blocks: int, block_size: int) -> Any:
+        """Work out what this backend needs for one step, once, before the first layer.
+
+        ``num_blocks`` and ``block_size`` describe the KV caches the step's
+        layers pass to :meth:`forward`. Checks the metadata's values against
+        them (from its host values; metadata made from device tensors alone is
+        read back here, once) and returns what every layer's :meth:`forward`
+        takes in place of the metadata. The default returns the metadata
+        itself; a backend that derives per-step structures (gather indices,
+        masks, launch parameters) returns a :class:`PreparedStep`.
+
+        :raises ValueError: a value that does not fit the cache or the lengths
+            (naming the field and the sequence).
+        """
+        _positive_int("num_blocks", num_blocks)
+        _positive_int("block_size", block_size)
+        from hwplug.attention.metadata import AttentionMetadata
+
+        if not isinstance(metadata, AttentionMetadata):
+            raise ValueError(
+                f"metadata must be an AttentionMetadata; got {type(metadata).__name__}"
+            )
+        metadata.check_values(num_blocks, block_size)
+        return metadata
+
     def forward(
         self,
         query: torch.Tensor,
@@ -248,7 +308,7 @@ class AttentionBackend:
         value: torch.Tensor,
         key_cache: torch.Tensor,
         value_cache: torch.Tensor,
-        metadata: AttentionMetadata,
+        metadata: Any,
         *,
         k_scale: float | torch.Tensor = 1.0,
         v_scale: float | torch.Tensor = 1.0,
@@ -264,23 +324,50 @@ class AttentionBackend:
         tensors; a tensor is not read back to the host). Returns ``[N,
         num_heads, head_size]`` in the query's dtype.
 
+        ``metadata`` is what :meth:`prepare` returned for this step (reads
+        nothing back from the device), or an :class:`AttentionMetadata`, which
+        a backend with its own :meth:`prepare` then prepares on the spot.
+
         :raises ValueError: an argument has the wrong type, shape, dtype or
-            device (the message names it). Values inside tensors are not checked
-            by backends that must not synchronise with the device.
+            device, or a step prepared for another cache (the message names it).
         """
-        signature = _input_signature(query, key, value, key_cache, value_cache, metadata)
-        checked: set[tuple[Any, ...]] = self.__dict__.setdefault("_checked_inputs", set())
-        if signature is None or signature not in checked:
-            self.check_inputs(query, key, value, key_cache, value_cache, metadata)
-            if signature is not None:
-                if len(checked) >= _CHECKED_INPUTS_KEPT:
-                    checked.clear()
-                checked.add(signature)
+        self.check_inputs(query, key, value, key_cache, value_cache, metadata_of(metadata))
+        step = self._step(metadata, key_cache)
         check_scale("k_scale", k_scale, query)
         check_scale("v_scale", v_scale, query)
         return self.attend(
-            query, key, value, key_cache, value_cache, metadata, k_scale=k_scale, v_scale=v_scale
+            query, key, value, key_cache, value_cache, step, k_scale=k_scale, v_scale=v_scale
         )
+
+    def _step(self, metadata: Any, key_cache: Any) -> Any:
+        """The prepared step :meth:`attend` takes, preparing raw metadata when this
+        backend prepares anything beyond the metadata itself."""
+        import torch
+
+        from hwplug.attention.metadata import AttentionMetadata
+
+        if isinstance(metadata, PreparedStep):
+            if isinstance(key_cache, torch.Tensor) and key_cache.dim() == 4:
+                geometry = (int(key_cache.shape[0]), int(key_cache.shape[1]))
+                if geometry != (metadata.num_blocks, metadata.block_size):
+                    raise ValueError(
+                        f"the step was prepared for a cache of {metadata.num_blocks} blocks of "
+                        f"{metadata.block_size}; key_cache has {geometry[0]} blocks of "
+                        f"{geometry[1]}"
+                    )
+            return metadata
+        if not isinstance(metadata, AttentionMetadata):
+            raise ValueError(
+                "metadata must be an AttentionMetadata or what prepare() returned; got "
+                f"{type(metadata).__name__}"
+            )
+        own_prepare = type(self).prepare.__func__ is not AttentionBackend.prepare.__func__  # type: ignore[attr-defined]
+        if own_prepare and isinstance(key_cache, torch.Tensor) and key_cache.dim() == 4:
+            metadata.check()
+            return type(self).prepare(
+                metadata, num_blocks=int(key_cache.shape[0]), block_size=int(key_cache.shape[1])
+            )
+        return metadata
 
     def attend(
         self,
@@ -289,12 +376,13 @@ class AttentionBackend:
         value: torch.Tensor,
         key_cache: torch.Tensor,
         value_cache: torch.Tensor,
-        metadata: AttentionMetadata,
+        step: Any,
         *,
         k_scale: float | torch.Tensor,
         v_scale: float | torch.Tensor,
     ) -> torch.Tensor:
-        """The backend's work, called by :meth:`forward` with checked arguments."""
+        """The backend's work, called by :meth:`forward` with checked arguments and
+        the prepared step (:meth:`prepare`'s result)."""
         raise NotImplementedError(f"{type(self).__name__} must implement attend()")
 
     def check_inputs(
@@ -354,7 +442,8 @@ class AttentionBackend:
             )
         if not isinstance(metadata, AttentionMetadata):
             raise ValueError(
-                f"metadata must be an AttentionMetadata; got {type(metadata).__name__}"
+                "metadata must be an AttentionMetadata or what prepare() returned; got "
+                f"{type(metadata).__name__}"
             )
         metadata.check(num_tokens=n)
         devices = {
@@ -368,44 +457,6 @@ class AttentionBackend:
         if len(set(devices.values())) > 1:
             listing = ", ".join(f"{k} on {v}" for k, v in devices.items())
             raise ValueError(f"all tensors must be on one device; got {listing}")
-
-
-_CHECKED_INPUTS_KEPT = 64
-"""Input layouts a backend instance remembers as checked (a few per model: one per step shape)."""
-
-
-def _input_signature(
-    query: Any, key: Any, value: Any, key_cache: Any, value_cache: Any, metadata: Any
-) -> tuple[Any, ...] | None:
-    """Everything :meth:`AttentionBackend.check_inputs` looks at, as a hashable key:
-    each tensor's type, shape, dtype and device, and where the caches lie in memory.
-    None when an argument is not what the checks expect (they then run and say why)."""
-    import torch
-
-    from hwplug.attention.metadata import AttentionMetadata
-
-    if type(metadata) is not AttentionMetadata:
-        return None
-    tensors = (
-        query,
-        key,
-        value,
-        metadata.query_start_loc,
-        metadata.seq_lens,
-        metadata.block_table,
-        metadata.slot_mapping,
-    )
-    if not all(type(t) is torch.Tensor for t in (*tensors, key_cache, value_cache)):
-        return None
-    layout = tuple((t.shape, t.dtype, t.device) for t in tensors)
-    try:
-        caches = tuple(
-            (t.shape, t.dtype, t.device, t.data_ptr(), t.stride(), t.untyped_storage().data_ptr())
-            for t in (key_cache, value_cache)
-        )
-    except (RuntimeError, NotImplementedError):  # tensors without storage (meta, fakes)
-        return None
-    return layout + caches
 
 
 def _dtype_name(dtype: object) -> str:

@@ -1,10 +1,20 @@
-"""Per-step attention metadata: where each sequence's queries and cached tokens are."""
+"""Per-step attention metadata: where each sequence's queries and cached tokens are.
+
+An engine knows each step's lengths and blocks on the host before it runs the
+model. :meth:`AttentionMetadata.build` turns those host values into the
+device tensors attention reads (one copy per tensor), checks them, and keeps
+the host values beside the tensors, so that a backend's
+:meth:`~hwplug.attention.AttentionBackend.prepare` works out what it needs for
+the step without reading anything back from the device.
+"""
 
 from __future__ import annotations
 
 import dataclasses
+import itertools
+import numbers
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import torch
@@ -18,11 +28,15 @@ _FIELDS = (
     ("slot_mapping", "int64", 1, "[num_tokens]"),
 )
 
+_MAX_LEN = 1 << 40
+"""Lengths and ids beyond this are refused (they overflow the kernels' index arithmetic)."""
 
-@dataclasses.dataclass(frozen=True)
+
+@dataclasses.dataclass(frozen=True, eq=False)
 class AttentionMetadata:
-    """One step of a batch of B sequences, as tensors on the device.
+    """One step of a batch of B sequences: device tensors and, when known, host values.
 
+    Tensors (on the device):
     ``query_start_loc`` (int32 ``[B+1]``): cumulative query lengths from 0;
     sequence b's query rows are ``query_start_loc[b]:query_start_loc[b+1]``.
     ``seq_lens`` (int32 ``[B]``): each context length after this step, new
@@ -30,13 +44,23 @@ class AttentionMetadata:
     blocks of each sequence, in order. ``slot_mapping`` (int64 ``[N]``): the
     cache slot of each query row's key and value; negative for padding rows.
 
-    Build one from lengths with :meth:`from_lengths`.
+    Host values (plain Python, set by :meth:`build` and :meth:`from_lengths`;
+    None when the metadata was made from device tensors alone):
+    ``query_lens`` and ``seq_lens_cpu`` (lists of B ints), ``max_query_len``
+    and ``max_seq_len``, and the host copies ``block_table_cpu`` and
+    ``slot_mapping_cpu`` (CPU tensors) the value checks read.
     """
 
     query_start_loc: torch.Tensor
     seq_lens: torch.Tensor
     block_table: torch.Tensor
     slot_mapping: torch.Tensor
+    query_lens: list[int] | None = None
+    seq_lens_cpu: list[int] | None = None
+    max_query_len: int | None = None
+    max_seq_len: int | None = None
+    block_table_cpu: torch.Tensor | None = dataclasses.field(default=None, repr=False)
+    slot_mapping_cpu: torch.Tensor | None = dataclasses.field(default=None, repr=False)
 
     @property
     def num_seqs(self) -> int:
@@ -48,9 +72,25 @@ class AttentionMetadata:
         """N, the number of query rows, padding included (from the shapes)."""
         return int(self.slot_mapping.shape[0])
 
+    @property
+    def has_host_values(self) -> bool:
+        """Whether the host values are here (:meth:`build`), so nothing need be read back."""
+        return (
+            self.query_lens is not None
+            and self.seq_lens_cpu is not None
+            and self.block_table_cpu is not None
+            and self.slot_mapping_cpu is not None
+        )
+
+    @property
+    def device(self) -> torch.device:
+        """The device of the tensors."""
+        return self.slot_mapping.device
+
     def to(self, device: torch.device | str) -> AttentionMetadata:
-        """The same metadata with every tensor on ``device``."""
-        return AttentionMetadata(*(getattr(self, name).to(device) for name, *_ in _FIELDS))
+        """The same metadata with every tensor on ``device`` (host values kept)."""
+        moved = {name: getattr(self, name).to(device) for name, *_ in _FIELDS}
+        return dataclasses.replace(self, **moved)
 
     def check(self, num_tokens: int | None = None) -> None:
         """Check the tensors' types, dtypes, shapes and device; reads no values.
@@ -97,63 +137,138 @@ class AttentionMetadata:
         if len(devices) > 1:
             listing = ", ".join(f"{name} on {getattr(self, name).device}" for name, *_ in _FIELDS)
             raise ValueError(f"AttentionMetadata tensors must be on one device; got {listing}")
+        if self.query_lens is not None and len(self.query_lens) != b:
+            raise ValueError(
+                f"AttentionMetadata.query_lens has {len(self.query_lens)} entries for {b} sequences"
+            )
+        if self.seq_lens_cpu is not None and len(self.seq_lens_cpu) != b:
+            raise ValueError(
+                f"AttentionMetadata.seq_lens_cpu has {len(self.seq_lens_cpu)} entries for "
+                f"{b} sequences"
+            )
+
+    def host_values(self) -> tuple[list[int], list[int], torch.Tensor, torch.Tensor]:
+        """``(query_lens, seq_lens, block_table, slot_mapping)`` on the host.
+
+        From the host values when the metadata has them; otherwise read back
+        from the device (one synchronisation): for metadata made from tensors
+        alone, in :meth:`~hwplug.attention.AttentionBackend.prepare`, never in
+        ``forward``.
+        """
+        import torch
+
+        if self.has_host_values:
+            assert self.query_lens is not None
+            assert self.seq_lens_cpu is not None
+            assert self.block_table_cpu is not None
+            assert self.slot_mapping_cpu is not None
+            return (
+                self.query_lens,
+                self.seq_lens_cpu,
+                self.block_table_cpu,
+                self.slot_mapping_cpu,
+            )
+        starts = self.query_start_loc.tolist()
+        query_lens = [end - start for start, end in itertools.pairwise(starts)]
+        if starts and starts[0] != 0:
+            raise ValueError(f"AttentionMetadata.query_start_loc must start at 0; got {starts[0]}")
+        for b, q in enumerate(query_lens):
+            if q < 0:
+                raise ValueError(
+                    f"AttentionMetadata.query_start_loc must not decrease; sequence {b} has "
+                    f"{starts[b]} -> {starts[b + 1]}"
+                )
+        return (
+            query_lens,
+            self.seq_lens.tolist(),
+            self.block_table.to("cpu", torch.int64),
+            self.slot_mapping.to("cpu"),
+        )
 
     def check_values(self, num_blocks: int, block_size: int) -> None:
         """Check the values against a cache of ``num_blocks`` x ``block_size`` slots.
 
-        Reads the tensors back to the host (a device synchronisation): for
-        backends that may, and for tests.
+        From the host values when the metadata has them (:meth:`build`),
+        otherwise read back from the device (a synchronisation): for
+        :meth:`~hwplug.attention.AttentionBackend.prepare` and tests.
 
-        :raises ValueError: the first inconsistency, naming the sequence.
+        :raises ValueError: the first inconsistency, naming the field and sequence.
+        """
+        self.check()
+        query_lens, seq_lens, table, slots = self.host_values()
+        _check_slots_of_padding(query_lens, slots)
+        _check_lengths(query_lens, seq_lens, "AttentionMetadata")
+        _check_against_cache(query_lens, seq_lens, table, slots, num_blocks, block_size)
+
+    @classmethod
+    def build(
+        cls,
+        query_lens: Sequence[int] | torch.Tensor,
+        seq_lens: Sequence[int] | torch.Tensor,
+        block_table: Sequence[Sequence[int]] | torch.Tensor,
+        slot_mapping: Sequence[int] | torch.Tensor,
+        *,
+        device: torch.device | str,
+        out: AttentionMetadata | None = None,
+    ) -> AttentionMetadata:
+        """Metadata for one step from host values, with one copy per tensor to ``device``.
+
+        ``query_lens[b]`` new tokens end sequence b's context of ``seq_lens[b]``
+        tokens; ``block_table`` holds each sequence's cache blocks (rows may be
+        ragged lists: they are padded with block 0); ``slot_mapping`` the slot
+        of each query row, negative for padding rows (every row past
+        ``sum(query_lens)`` is padding). Lists or CPU tensors.
+
+        ``out``: persistent metadata to copy into (the buffers a captured device
+        graph reads); the result's tensors are leading slices of its tensors
+        (the block table keeps all of ``out``'s columns: those past a
+        sequence's blocks are never read).
+
+        Lengths and the padding rows are checked here; whether blocks and slots
+        fit a cache is checked by :meth:`check_values` (a backend's
+        ``prepare``), which knows the cache.
+
+        :raises ValueError: inconsistent values, naming the field and sequence.
         """
         import torch
 
-        self.check()
-        qsl = self.query_start_loc.tolist()
-        lens = self.seq_lens.tolist()
-        if qsl[0] != 0:
-            raise ValueError(f"AttentionMetadata.query_start_loc must start at 0; got {qsl[0]}")
-        if qsl[-1] > self.num_tokens:
+        q_lens = _int_list(query_lens, "query_lens")
+        s_lens = _int_list(seq_lens, "seq_lens")
+        if len(q_lens) != len(s_lens):
             raise ValueError(
-                f"AttentionMetadata.query_start_loc[-1]={qsl[-1]} query rows, but slot_mapping "
-                f"has only {self.num_tokens}"
+                f"query_lens and seq_lens need one entry per sequence; got {len(q_lens)} and "
+                f"{len(s_lens)}"
             )
-        width = self.block_table.shape[1]
-        for b, (start, end, seq_len) in enumerate(zip(qsl, qsl[1:], lens)):
-            if end < start:
-                raise ValueError(
-                    f"AttentionMetadata.query_start_loc must not decrease; sequence {b} has "
-                    f"{start} -> {end}"
-                )
-            if not 0 <= end - start <= seq_len:
-                raise ValueError(
-                    f"sequence {b} has {end - start} query tokens but seq_lens[{b}]={seq_len}; "
-                    "the context length includes the new tokens, so it cannot be smaller"
-                )
-            if -(-seq_len // block_size) > width:
-                raise ValueError(
-                    f"sequence {b} needs {-(-seq_len // block_size)} blocks of {block_size} for "
-                    f"seq_lens[{b}]={seq_len}, but block_table has {width} columns"
-                )
-        # the blocks each sequence uses must exist; entries past them may hold anything
-        needed = (self.seq_lens.to(torch.int64) + block_size - 1) // block_size
-        columns = torch.arange(width, device=self.block_table.device)
-        used = columns.unsqueeze(0) < needed.unsqueeze(1)
-        table = self.block_table
-        bad = used & ((table < 0) | (table >= num_blocks))
-        if bool(bad.any()):
-            b, column = (int(i) for i in bad.nonzero()[0].tolist())
+        _check_lengths(q_lens, s_lens, "build")
+        table = _table(block_table, len(q_lens))
+        slots = _slots(slot_mapping)
+        total = sum(q_lens)
+        if slots.shape[0] < total:
             raise ValueError(
-                f"block_table[{b}, {column}] = {int(table[b, column])}, but the cache has "
-                f"{num_blocks} blocks (0 to {num_blocks - 1})"
+                f"slot_mapping has {slots.shape[0]} rows for the {total} query tokens of the "
+                "step (sum(query_lens)); give one slot per query row"
             )
-        num_slots = num_blocks * block_size
-        top = int(self.slot_mapping.max().item()) if self.num_tokens else -1
-        if top >= num_slots:
-            raise ValueError(
-                f"slot_mapping holds slot {top}, but the cache has {num_slots} slots "
-                f"({num_blocks} blocks x {block_size}); a negative slot marks padding"
-            )
+        _check_slots_of_padding(q_lens, slots)
+        starts = [0]
+        for q in q_lens:
+            starts.append(starts[-1] + q)
+        host = {
+            "query_start_loc": torch.tensor(starts, dtype=torch.int32),
+            "seq_lens": torch.tensor(s_lens, dtype=torch.int32),
+            "block_table": table.to(torch.int32),
+            "slot_mapping": slots,
+        }
+        target = torch.device(device)
+        tensors = _to_device(host, target, out)
+        return cls(
+            **tensors,
+            query_lens=q_lens,
+            seq_lens_cpu=s_lens,
+            max_query_len=max(q_lens, default=0),
+            max_seq_len=max(s_lens, default=0),
+            block_table_cpu=table,
+            slot_mapping_cpu=slots,
+        )
 
     @classmethod
     def from_lengths(
@@ -166,13 +281,14 @@ class AttentionMetadata:
         num_tokens: int | None = None,
         device: torch.device | str | None = None,
     ) -> AttentionMetadata:
-        """Metadata for sequences with these context and query lengths.
+        """Metadata for sequences with these context and query lengths, slots derived.
 
         Sequence b has ``seq_lens[b]`` tokens after this step, of which the
         last ``query_lens[b]`` are new; its cache blocks are ``block_table[b]``
-        (rows may be ragged: they are padded with block 0). ``num_tokens``
-        pads the batch to that many query rows (slot -1). Tensors are built on
-        the CPU and moved to ``device``.
+        (rows may be ragged: they are padded with block 0). Each new token's
+        slot follows from its position and the table. ``num_tokens`` pads the
+        batch to that many query rows (slot -1). Tensors go to ``device``
+        (default: the CPU); host values are kept, as :meth:`build` keeps them.
 
         :raises ValueError: inconsistent lengths or too few blocks (naming the sequence).
         """
@@ -188,7 +304,6 @@ class AttentionMetadata:
         rows = block_table.tolist() if isinstance(block_table, torch.Tensor) else block_table
         rows = [[int(x) for x in row] for row in rows]
         slots: list[int] = []
-        starts = [0]
         for b, (seq_len, q_len, row) in enumerate(zip(seq_lens, query_lens, rows)):
             if not 0 <= q_len <= seq_len:
                 raise ValueError(
@@ -203,8 +318,7 @@ class AttentionMetadata:
                 )
             for pos in range(seq_len - q_len, seq_len):
                 slots.append(row[pos // block_size] * block_size + pos % block_size)
-            starts.append(starts[-1] + q_len)
-        total = starts[-1]
+        total = len(slots)
         if num_tokens is None:
             num_tokens = total
         if num_tokens < total:
@@ -212,15 +326,221 @@ class AttentionMetadata:
                 f"num_tokens={num_tokens} is smaller than the {total} query tokens of the batch"
             )
         slots.extend([-1] * (num_tokens - total))
+        return cls.build(list(query_lens), list(seq_lens), rows, slots, device=device or "cpu")
+
+
+# -- host-side checks ------------------------------------------------------------------
+
+
+def _check_lengths(query_lens: Sequence[int], seq_lens: Sequence[int], where: str) -> None:
+    for b, (q, s) in enumerate(zip(query_lens, seq_lens)):
+        if not 0 <= q <= s:
+            raise ValueError(
+                f"{where}: sequence {b} has query_lens[{b}]={q} and seq_lens[{b}]={s}; the "
+                "context length includes the new tokens, so 0 <= query_lens <= seq_lens"
+            )
+
+
+def _check_slots_of_padding(query_lens: Sequence[int], slots: torch.Tensor) -> None:
+    total = sum(query_lens)
+    if slots.shape[0] < total:
+        raise ValueError(
+            f"AttentionMetadata.query_start_loc[-1]={total} query rows, but slot_mapping has "
+            f"only {slots.shape[0]}"
+        )
+    padding = slots[total:]
+    if padding.numel() and bool((padding >= 0).any()):
+        row = total + int((padding >= 0).nonzero()[0, 0])
+        raise ValueError(
+            f"slot_mapping[{row}] = {int(slots[row])}, but row {row} is padding (past the "
+            f"{total} query tokens); padding rows must have a negative slot"
+        )
+
+
+def _check_against_cache(
+    query_lens: Sequence[int],
+    seq_lens: Sequence[int],
+    table: torch.Tensor,
+    slots: torch.Tensor,
+    num_blocks: int,
+    block_size: int,
+) -> None:
+    """Blocks and slots in range, and each new token's slot where the table puts it."""
+    import torch
+
+    width = int(table.shape[1]) if table.dim() == 2 else 0
+    for b, seq_len in enumerate(seq_lens):
+        if -(-seq_len // block_size) > width:
+            raise ValueError(
+                f"sequence {b} needs {-(-seq_len // block_size)} blocks of {block_size} for "
+                f"seq_lens[{b}]={seq_len}, but block_table has {width} columns"
+            )
+    if not seq_lens:
+        return
+    lens = torch.tensor(seq_lens, dtype=torch.int64)
+    needed = (lens + block_size - 1) // block_size
+    used = torch.arange(width).unsqueeze(0) < needed.unsqueeze(1)
+    table = table.to(torch.int64)
+    bad = used & ((table < 0) | (table >= num_blocks))
+    if bool(bad.any()):
+        b, column = (int(i) for i in bad.nonzero()[0].tolist())
+        raise ValueError(
+            f"block_table[{b}, {column}] = {int(table[b, column])}, but the cache has "
+            f"{num_blocks} blocks (0 to {num_blocks - 1})"
+        )
+    num_slots = num_blocks * block_size
+    if slots.numel() and int(slots.max()) >= num_slots:
+        raise ValueError(
+            f"slot_mapping holds slot {int(slots.max())}, but the cache has {num_slots} slots "
+            f"({num_blocks} blocks x {block_size}); a negative slot marks padding"
+        )
+    # each new token's slot is where its position lives in its sequence's blocks
+    q = torch.tensor(query_lens, dtype=torch.int64)
+    total = int(q.sum())
+    if total == 0:
+        return
+    seq_of_row = torch.repeat_interleave(torch.arange(len(seq_lens)), q)
+    first = torch.cumsum(q, 0) - q
+    position = lens[seq_of_row] - q[seq_of_row] + (torch.arange(total) - first[seq_of_row])
+    expected = table[seq_of_row, position // block_size] * block_size + position % block_size
+    given = slots[:total]
+    wrong = (given >= 0) & (given != expected)
+    if bool(wrong.any()):
+        row = int(wrong.nonzero()[0, 0])
+        b = int(seq_of_row[row])
+        raise ValueError(
+            f"slot_mapping[{row}] = {int(given[row])}, but row {row} is position "
+            f"{int(position[row])} of sequence {b}, which block_table puts at slot "
+            f"{int(expected[row])}; attention would never read what is written there"
+        )
+
+
+# -- conversions -----------------------------------------------------------------------
+
+
+def _int_list(values: Any, name: str) -> list[int]:
+    import torch
+
+    if isinstance(values, torch.Tensor):
+        if values.dim() != 1 or values.device.type != "cpu" or values.is_floating_point():
+            raise ValueError(
+                f"{name} must be a list of ints or a 1-D integer CPU tensor; got a "
+                f"{str(values.dtype).removeprefix('torch.')} tensor of shape "
+                f"{list(values.shape)} on {values.device}"
+            )
+        values = values.tolist()
+    if isinstance(values, (str, bytes)) or not isinstance(values, Sequence):
+        raise ValueError(f"{name} must be a list of ints; got {type(values).__name__}")
+    out = []
+    for i, v in enumerate(values):
+        if isinstance(v, bool) or not isinstance(v, numbers.Integral) or not 0 <= int(v) < _MAX_LEN:
+            raise ValueError(f"{name}[{i}] must be an int from 0 to 2**40; got {v!r}")
+        out.append(int(v))
+    return out
+
+
+def _table(block_table: Any, num_seqs: int) -> torch.Tensor:
+    """The block table as an int64 CPU tensor ``[num_seqs, width]`` (width at least 1)."""
+    import torch
+
+    if isinstance(block_table, torch.Tensor):
+        if block_table.dim() != 2 or block_table.device.type != "cpu":
+            raise ValueError(
+                f"block_table must be [num_seqs, max_blocks] on the CPU; got shape "
+                f"{list(block_table.shape)} on {block_table.device}"
+            )
+        if block_table.is_floating_point():
+            raise ValueError(f"block_table must hold integers; got {block_table.dtype}")
+        table = block_table.to(torch.int64, copy=True)
+    else:
+        if isinstance(block_table, (str, bytes)) or not isinstance(block_table, Sequence):
+            raise ValueError(
+                f"block_table must be a list of lists of block ids; got "
+                f"{type(block_table).__name__}"
+            )
+        rows = [_block_row(row, b) for b, row in enumerate(block_table)]
         width = max([1, *(len(row) for row in rows)])
-        table = torch.zeros((len(rows), width), dtype=torch.int32)
+        table = torch.zeros((len(rows), width), dtype=torch.int64)
         for b, row in enumerate(rows):
             if row:
-                table[b, : len(row)] = torch.tensor(row, dtype=torch.int32)
-        meta = cls(
-            query_start_loc=torch.tensor(starts, dtype=torch.int32),
-            seq_lens=torch.tensor(list(seq_lens), dtype=torch.int32),
-            block_table=table,
-            slot_mapping=torch.tensor(slots, dtype=torch.int64),
+                table[b, : len(row)] = torch.tensor(row, dtype=torch.int64)
+    if table.shape[0] != num_seqs:
+        raise ValueError(
+            f"block_table must have one row per sequence ({num_seqs}); got {table.shape[0]}"
         )
-        return meta if device is None else meta.to(device)
+    if table.shape[1] == 0:
+        table = torch.zeros((num_seqs, 1), dtype=torch.int64)
+    if table.numel() and (int(table.max()) >= 2**31 or int(table.min()) < -(2**31)):
+        raise ValueError("block_table holds a block id beyond int32")
+    return table
+
+
+def _block_row(row: Any, b: int) -> list[int]:
+    if isinstance(row, (str, bytes)) or not isinstance(row, Sequence):
+        raise ValueError(f"block_table[{b}] must be a list of block ids; got {type(row).__name__}")
+    out = []
+    for i, v in enumerate(row):
+        if isinstance(v, bool) or not isinstance(v, numbers.Integral):
+            raise ValueError(f"block_table[{b}][{i}] must be an int; got {v!r}")
+        out.append(int(v))
+    return out
+
+
+def _slots(slot_mapping: Any) -> torch.Tensor:
+    import torch
+
+    if isinstance(slot_mapping, torch.Tensor):
+        if slot_mapping.dim() != 1 or slot_mapping.device.type != "cpu":
+            raise ValueError(
+                f"slot_mapping must be [num_tokens] on the CPU; got shape "
+                f"{list(slot_mapping.shape)} on {slot_mapping.device}"
+            )
+        if slot_mapping.is_floating_point():
+            raise ValueError(f"slot_mapping must hold integers; got {slot_mapping.dtype}")
+        return slot_mapping.to(torch.int64, copy=True)
+    if isinstance(slot_mapping, (str, bytes)) or not isinstance(slot_mapping, Sequence):
+        raise ValueError(f"slot_mapping must be a list of ints; got {type(slot_mapping).__name__}")
+    for i, v in enumerate(slot_mapping):
+        if isinstance(v, bool) or not isinstance(v, numbers.Integral) or abs(int(v)) >= 2**62:
+            raise ValueError(f"slot_mapping[{i}] must be an int; got {v!r}")
+    return torch.tensor(list(slot_mapping), dtype=torch.int64)
+
+
+def _to_device(
+    host: dict[str, torch.Tensor], device: torch.device, out: AttentionMetadata | None
+) -> dict[str, torch.Tensor]:
+    """One copy per tensor: into fresh device tensors, or into ``out``'s leading slices."""
+    pin = device.type == "cuda"
+    result = {}
+    for name, tensor in host.items():
+        if pin:
+            tensor = tensor.pin_memory()
+        if out is None:
+            result[name] = tensor.to(device, non_blocking=pin)
+            continue
+        buffer = getattr(out, name)
+        if buffer.device != device:
+            raise ValueError(
+                f"out.{name} is on {buffer.device}, but the metadata is built for {device}"
+            )
+        if tensor.dim() == 2:
+            rows, cols = tensor.shape
+            if rows > buffer.shape[0] or cols > buffer.shape[1]:
+                raise ValueError(
+                    f"out.{name} has shape {list(buffer.shape)}; the step needs "
+                    f"{list(tensor.shape)}"
+                )
+            buffer[:rows, :cols].copy_(tensor, non_blocking=pin)
+            # every column of the buffer (a captured graph was recorded with them all);
+            # columns past a sequence's blocks are never read
+            result[name] = buffer[:rows]
+            continue
+        else:
+            if tensor.shape[0] > buffer.shape[0]:
+                raise ValueError(
+                    f"out.{name} has {buffer.shape[0]} entries; the step needs {tensor.shape[0]}"
+                )
+            view = buffer[: tensor.shape[0]]
+        view.copy_(tensor, non_blocking=pin)
+        result[name] = view
+    return result

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import torch
 
+    from hwplug.attention.base import PreparedStep
     from hwplug.attention.metadata import AttentionMetadata
 
 __all__ = ["OP_NAME", "OP_WITH_OUTPUT_NAME", "register_unified_attention", "unified_attention"]
@@ -52,7 +53,7 @@ def unified_attention(
     value: torch.Tensor,
     key_cache: torch.Tensor,
     value_cache: torch.Tensor,
-    metadata: AttentionMetadata,
+    metadata: AttentionMetadata | PreparedStep,
     *,
     backend: str,
     scale: float,
@@ -73,6 +74,11 @@ def unified_attention(
     :raises ValueError: a scale that is not a positive finite float or a 0-d
         float32 tensor.
 
+    ``metadata`` is the step's :class:`AttentionMetadata` (inside the engine's
+    :func:`~hwplug.attention.forward_context`, the op finds the step the
+    engine prepared for it), or a prepared step itself (for eager callers:
+    it is made the op's context for the call).
+
     With ``out`` (a tensor of the query's shape, made by the code before the
     call, such as ``torch.empty_like(query)``) the result is written there
     through ``hwplug::unified_attention_with_output`` and ``out`` is returned:
@@ -87,6 +93,26 @@ def unified_attention(
     check_scale("k_scale", k_scale, query)
     check_scale("v_scale", v_scale, query)
 
+    from hwplug.attention.base import PreparedStep, metadata_of
+
+    if isinstance(metadata, PreparedStep):
+        from hwplug.attention.context import forward_context
+
+        with forward_context(metadata):
+            return unified_attention(
+                query,
+                key,
+                value,
+                key_cache,
+                value_cache,
+                metadata_of(metadata),
+                backend=backend,
+                scale=scale,
+                sliding_window=sliding_window,
+                k_scale=k_scale,
+                v_scale=v_scale,
+                out=out,
+            )
     tail = (
         key_cache,
         value_cache,

@@ -10,14 +10,13 @@ token each) run as one batched call; every other sequence runs on its own.
 On a CPU, 16-bit models attend in float32 (converted while the pages are
 gathered): CPU attention kernels are several times slower in 16 bits.
 
-What it derives from the metadata (the lengths read back, the value checks,
-the decode groups, gather indices and masks) is worked out by the first
-layer of a step and reused by the next layers while the metadata's contents
-are unchanged; each call compares them in full, so an engine may refill the
-same buffers for its next step.
-
-It reads lengths back to the host, so it cannot run inside a device graph
-(``graph_support = NEVER``).
+What it derives from a step (the value checks, which rows are written, the
+decode groups, gather indices and masks) is worked out once, from the
+metadata's host values, by :meth:`TorchAttentionBackend.prepare`; every
+layer's ``forward`` then reads nothing back from the device. The shapes of
+its calls depend on the step's lengths (each gather is as long as its
+longest sequence), so a captured device graph could not serve another step:
+``graph_support = NEVER``.
 """
 
 from __future__ import annotations
@@ -27,7 +26,7 @@ import threading
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from hwplug.attention.base import AttentionBackend
+from hwplug.attention.base import AttentionBackend, PreparedStep, metadata_of
 from hwplug.core.graphs import AttentionGraphSupport
 
 if TYPE_CHECKING:
@@ -35,7 +34,7 @@ if TYPE_CHECKING:
 
     from hwplug.attention.metadata import AttentionMetadata
 
-__all__ = ["TorchAttentionBackend"]
+__all__ = ["TorchAttentionBackend", "TorchAttentionStep"]
 
 _GATHER_BYTES = 2 << 20
 """Most bytes of gathered keys (and as many of values) one batched decode call holds."""
@@ -50,6 +49,14 @@ class TorchAttentionBackend(AttentionBackend):
     name = "torch"
     graph_support = AttentionGraphSupport.NEVER
 
+    @classmethod
+    def prepare(
+        cls, metadata: AttentionMetadata, *, num_blocks: int, block_size: int
+    ) -> TorchAttentionStep:
+        """Check the step's values and plan it (see :class:`TorchAttentionStep`)."""
+        checked = super().prepare(metadata, num_blocks=num_blocks, block_size=block_size)
+        return TorchAttentionStep(checked, num_blocks, block_size)
+
     def attend(
         self,
         query: torch.Tensor,
@@ -57,7 +64,7 @@ class TorchAttentionBackend(AttentionBackend):
         value: torch.Tensor,
         key_cache: torch.Tensor,
         value_cache: torch.Tensor,
-        metadata: AttentionMetadata,
+        step: object,
         *,
         k_scale: float | torch.Tensor,
         v_scale: float | torch.Tensor,
@@ -67,9 +74,17 @@ class TorchAttentionBackend(AttentionBackend):
         from hwplug.kernels import reference
         from hwplug.kernels.formats import FP8_FORMATS
 
-        plan = _StepPlan.for_step(metadata, key_cache.shape[0], key_cache.shape[1])
-        reference.write_rows(key, key_cache, plan.slot_mapping, k_scale)
-        reference.write_rows(value, value_cache, plan.slot_mapping, v_scale)
+        plan = (
+            step
+            if isinstance(step, TorchAttentionStep)
+            else type(self).prepare(
+                metadata_of(step),
+                num_blocks=int(key_cache.shape[0]),
+                block_size=int(key_cache.shape[1]),
+            )
+        )
+        reference.write_slots(plan.written(key), key_cache, plan.write_slots, k_scale)
+        reference.write_slots(plan.written(value), value_cache, plan.write_slots, v_scale)
 
         out = torch.zeros_like(query)
         fp8 = key_cache.dtype in FP8_FORMATS
@@ -81,7 +96,7 @@ class TorchAttentionBackend(AttentionBackend):
         pages = _Pages(key_cache, value_cache, plan.block_size, compute)
         window = self.sliding_window
         for group in plan.decode_groups(pages.row_bytes):
-            k, v = pages.gather(group.index, len(group.seqs), group.longest)
+            k, v = pages.gather(group.index, group.size, group.longest)
             mask = group.mask(window)
             if mask is not None:
                 # Positions a sequence does not see (past its length: another
@@ -131,99 +146,95 @@ def _compute_dtype(query: torch.Tensor) -> torch.dtype:
     return query.dtype
 
 
-class _StepPlan:
-    """What the backend derives from one step's metadata, shared by every layer.
+class TorchAttentionStep(PreparedStep):
+    """The torch backend's plan of one step, made once by ``prepare`` from host values.
 
-    A model calls attention once per layer with the same metadata. The first
-    call reads the lengths back, checks the values against the cache, and
-    works out which sequences decode together; later calls reuse that while
-    the metadata's contents are unchanged (compared in full on every call, so
-    a caller may refill the same buffers for its next step). Gather indices
-    are made per group, masks on first use per sliding window.
+    It holds, as device tensors built from the step's host values: which rows
+    are written and to which slots, the decoding sequences (one query token
+    each) sorted by length with their query rows and block-table rows, and
+    each prefill's gather index. Every layer of the step attends from it
+    without reading anything back from the device. Decode groups (sequences
+    gathered in one batched call) are slices of the sorted decode sequences,
+    made on first use per row size; masks are made on first use per sliding
+    window. It lives for one step: nothing is kept between steps.
     """
 
-    _last = threading.local()
+    def __init__(self, metadata: AttentionMetadata, num_blocks: int, block_size: int) -> None:
+        import torch
 
-    def __init__(
-        self,
-        metadata: AttentionMetadata,
-        num_blocks: int,
-        block_size: int,
-        starts: list[int],
-        lens: list[int],
-    ) -> None:
-        metadata.check_values(num_blocks, block_size)
-        self.num_blocks = num_blocks
-        self.block_size = block_size
-        self.starts = starts
-        self.lens = lens
-        self.block_table = metadata.block_table.clone()
-        self.slot_mapping = metadata.slot_mapping.clone()
-        self.device = self.block_table.device
-        self.decoding = [b for b in range(len(lens)) if starts[b + 1] - starts[b] == 1]
+        super().__init__(metadata, num_blocks, block_size)
+        query_lens, seq_lens, _, slots = metadata.host_values()
+        device = metadata.device
+        starts = [0]
+        for q in query_lens:
+            starts.append(starts[-1] + q)
+        total = starts[-1]
+        self.seq_lens = list(seq_lens)
+
+        # rows whose key and value are written: the first `total`, but a negative slot
+        real = slots[:total] >= 0
+        if bool(real.all()):
+            self._write_rows: torch.Tensor | int = total
+            self.write_slots = metadata.slot_mapping[:total]
+        else:
+            rows = real.nonzero().flatten()
+            self._write_rows = rows.to(device)
+            self.write_slots = slots[rows].to(device)
+
+        table = metadata.block_table
+        decoding = sorted(
+            (b for b, q in enumerate(query_lens) if q == 1), key=lambda b: seq_lens[b]
+        )
+        self.decode_lens = [seq_lens[b] for b in decoding]
+        if decoding:
+            seqs = torch.tensor(decoding, device=device)
+            self._decode_rows = torch.tensor([starts[b] for b in decoding], device=device)
+            self._decode_len_tensor = torch.tensor(self.decode_lens, device=device)
+            blocks = -(-self.decode_lens[-1] // block_size)
+            # entries past a sequence's own blocks may hold anything: keep them in range
+            self._decode_table = (
+                table.index_select(0, seqs)[:, :blocks].clamp(0, num_blocks - 1).long()
+            )
+        self._groups: dict[int, list[_DecodeGroup]] = {}
         self.prefills = [
-            _Prefill(self, b, starts[b], starts[b + 1], lens[b])
-            for b in range(len(lens))
+            _Prefill(self, b, starts[b], starts[b + 1], seq_lens[b])
+            for b in range(len(seq_lens))
             if starts[b + 1] - starts[b] > 1
         ]
-        self._groups: dict[tuple[int, int], list[_DecodeGroup]] = {}
 
-    @classmethod
-    def for_step(cls, metadata: AttentionMetadata, num_blocks: int, block_size: int) -> _StepPlan:
-        """The plan of ``metadata``: this thread's last one when the contents match."""
-        import torch
+    def written(self, rows: torch.Tensor) -> torch.Tensor:
+        """The rows of ``rows`` (key or value) that are written to the cache, in slot order."""
+        if isinstance(self._write_rows, int):
+            return rows[: self._write_rows]
+        return rows.index_select(0, self._write_rows)
 
-        starts = metadata.query_start_loc.tolist()
-        lens = metadata.seq_lens.tolist()
-        plan: _StepPlan | None = getattr(cls._last, "plan", None)
-        if (
-            plan is None
-            or plan.num_blocks != num_blocks
-            or plan.block_size != block_size
-            or plan.starts != starts
-            or plan.lens != lens
-            or plan.device != metadata.block_table.device
-            or plan.block_table.shape != metadata.block_table.shape
-            or plan.slot_mapping.shape != metadata.slot_mapping.shape
-            or not torch.equal(plan.block_table, metadata.block_table)
-            or not torch.equal(plan.slot_mapping, metadata.slot_mapping)
-        ):
-            plan = cls(metadata, num_blocks, block_size, starts, lens)
-            cls._last.plan = plan
-        return plan
-
-    def index(self, seqs: list[int], length: int) -> torch.Tensor:
-        """The flat cache-block index of positions ``0..length-1`` of sequences ``seqs``."""
-        import torch
-
+    def table_index(self, b: int, length: int) -> torch.Tensor:
+        """The flat cache-block index of positions ``0..length-1`` of sequence ``b``."""
         blocks = -(-length // self.block_size)
-        rows = torch.tensor(seqs, device=self.device)
-        table = self.block_table.index_select(0, rows)[:, :blocks]
-        # entries past a sequence's own blocks may hold anything: keep them in range
-        return table.clamp(0, self.num_blocks - 1).reshape(-1).long()
+        row = self.metadata.block_table[b, :blocks]
+        return row.clamp(0, self.num_blocks - 1).long()
 
     def decode_groups(self, row_bytes: int) -> list[_DecodeGroup]:
-        """The decoding sequences (one query token each) in groups of similar length.
+        """The decoding sequences in groups of similar length (shortest first).
 
-        Each group's gathered pages stay under ``_GATHER_BYTES``: that bounds the
-        memory a large batch takes, and small buffers are reused by the
-        allocator instead of being mapped (and faulted in) afresh each step.
+        Each group's gathered pages stay under ``_GATHER_BYTES`` (of keys, as
+        many of values) for positions of ``row_bytes``: that bounds the memory
+        a large batch takes, and small buffers are reused instead of being
+        mapped (and faulted in) afresh.
         """
-        key = (row_bytes, _GATHER_BYTES)
-        groups = self._groups.get(key)
+        groups = self._groups.get(row_bytes)
         if groups is not None:
             return groups
         groups = []
-        group: list[int] = []
-        for b in sorted(self.decoding, key=lambda s: self.lens[s]):
-            padded = -(-self.lens[b] // self.block_size) * self.block_size
-            if group and (len(group) + 1) * padded * row_bytes > _GATHER_BYTES:
-                groups.append(_DecodeGroup(self, group))
-                group = []
-            group.append(b)
-        if group:
-            groups.append(_DecodeGroup(self, group))
-        self._groups[key] = groups
+        lo = 0
+        for hi, length in enumerate(self.decode_lens):
+            padded = -(-length // self.block_size) * self.block_size
+            if hi > lo and (hi - lo + 1) * padded * row_bytes > _GATHER_BYTES:
+                groups.append(_DecodeGroup(self, lo, hi))
+                lo = hi
+        if self.decode_lens:
+            groups.append(_DecodeGroup(self, lo, len(self.decode_lens)))
+        self._groups[row_bytes] = groups
         return groups
 
 
@@ -245,27 +256,26 @@ class _Masked:
 
 
 class _DecodeGroup(_Masked):
-    """Sequences decoding one token each, attended in one batched call."""
+    """Sorted decoding sequences ``lo:hi`` of a step, attended in one batched call."""
 
-    def __init__(self, plan: _StepPlan, seqs: list[int]) -> None:
-        import torch
-
+    def __init__(self, step: TorchAttentionStep, lo: int, hi: int) -> None:
         super().__init__()
-        self.seqs = seqs
-        self.seq_lens = [plan.lens[b] for b in seqs]
-        self.longest = max(self.seq_lens)
-        self.rows = torch.tensor([plan.starts[b] for b in seqs], device=plan.device)
-        self.index = plan.index(seqs, self.longest)
-        self._device = plan.device
+        self.size = hi - lo
+        lens = step.decode_lens[lo:hi]
+        self.shortest, self.longest = lens[0], lens[-1]
+        self.rows = step._decode_rows[lo:hi]
+        self._lens = step._decode_len_tensor[lo:hi]
+        blocks = -(-self.longest // step.block_size)
+        self.index = step._decode_table[lo:hi, :blocks].reshape(-1)
 
     def _make_mask(self, window: int | None) -> torch.Tensor | None:
         """Which gathered positions each sequence attends to (None: all of them)."""
         import torch
 
-        if min(self.seq_lens) == self.longest and (window is None or window >= self.longest):
+        if self.shortest == self.longest and (window is None or window >= self.longest):
             return None
-        length = torch.tensor(self.seq_lens, device=self._device).unsqueeze(1)
-        positions = torch.arange(self.longest, device=self._device).unsqueeze(0)
+        length = self._lens.unsqueeze(1)
+        positions = torch.arange(self.longest, device=length.device).unsqueeze(0)
         keep = positions < length
         if window is not None:
             keep &= positions >= length - window
@@ -275,13 +285,15 @@ class _DecodeGroup(_Masked):
 class _Prefill(_Masked):
     """One sequence with several query tokens: the last ``end - start`` of its context."""
 
-    def __init__(self, plan: _StepPlan, b: int, start: int, end: int, seq_len: int) -> None:
+    def __init__(
+        self, step: TorchAttentionStep, b: int, start: int, end: int, seq_len: int
+    ) -> None:
         super().__init__()
         self.start = start
         self.end = end
         self.seq_len = seq_len
-        self.index = plan.index([b], seq_len)
-        self._device = plan.device
+        self.index = step.table_index(b, seq_len)
+        self._device = step.metadata.device
 
     def _make_mask(self, window: int | None) -> torch.Tensor | None:
         """The causal (and window) mask; None when plain causal attention does."""

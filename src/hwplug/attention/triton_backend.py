@@ -2,8 +2,11 @@
 
 Prefill, chunked prefill, decode and mixed batches run through one kernel
 that reads the paged cache directly (see :mod:`hwplug.attention._triton_unified`).
-Nothing in the forward reads a tensor value back to the host, so it can be
-captured in a full CUDA graph (``graph_support = ALWAYS``).
+Nothing in the forward reads a tensor value back to the host, and its launch
+depends on shapes alone, so it can be captured in a full CUDA graph
+(``graph_support = ALWAYS``). Its ``prepare`` is the default one: the step's
+values are checked once, from the metadata's host values, and the metadata
+itself is what every layer takes.
 
 Limits: devices of type ``cuda`` (CUDA and ROCm) and ``xpu``; head sizes
 that are multiples of 16 from 32 to 256 (padded to a power of two inside the
@@ -66,11 +69,14 @@ class TritonAttentionBackend(AttentionBackend):
         value: torch.Tensor,
         key_cache: torch.Tensor,
         value_cache: torch.Tensor,
-        metadata: AttentionMetadata,
+        step: AttentionMetadata | object,
         *,
         k_scale: float | torch.Tensor,
         v_scale: float | torch.Tensor,
     ) -> torch.Tensor:
+        from hwplug.attention.base import metadata_of
+
+        metadata = metadata_of(step)
         reason = _unavailable_reason(query.device)
         if reason is not None:
             raise RuntimeError(f"the triton attention backend cannot run here: {reason}")

@@ -280,7 +280,9 @@ def _attend(
     write_kv_cache(key, value, want_k, want_v, metadata.slot_mapping, ks, vs, backend="torch")
     scale = head_size**-0.5
     impl = backend(heads, head_size, kv_heads, scale, cache_dtype=cache_dtype)
-    out = impl.forward(query, key, value, key_cache, value_cache, metadata, k_scale=ks, v_scale=vs)
+    # as an engine runs a step: prepared once, then the layer's forward
+    step = backend.prepare(metadata, num_blocks=num_blocks, block_size=block_size)
+    out = impl.forward(query, key, value, key_cache, value_cache, step, k_scale=ks, v_scale=vs)
     if out.shape != query.shape or out.dtype != dtype:
         raise CheckFailed(
             f"the {backend.name} backend returned {tuple(out.shape)} {out.dtype}, "

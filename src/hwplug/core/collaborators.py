@@ -15,11 +15,18 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from hwplug.core.platform import Platform
 
-__all__ = ["attention_plugin_results", "current_platform", "piecewise_backend", "provide"]
+__all__ = [
+    "attention_plugin_results",
+    "attention_plugins_version",
+    "current_platform",
+    "piecewise_backend",
+    "provide",
+]
 
 _platform_source: list[Callable[[], Platform]] = []
 _piecewise_factory: list[Callable[[Any, Any], Any]] = []
 _attention_source: list[Callable[[], list[tuple[str, str, object]]]] = []
+_attention_version: list[Callable[[], object]] = []
 
 
 def provide(
@@ -27,21 +34,31 @@ def provide(
     platform: Callable[[], Platform] | None = None,
     piecewise_backend: Callable[[Any, Any], Any] | None = None,
     attention_backends: Callable[[], list[tuple[str, str, object]]] | None = None,
+    attention_version: Callable[[], object] | None = None,
 ) -> None:
-    """Install the current-platform source, the level-3 compile backend factory and
-    the source of the plugins' ``hwplug_attention_backends`` results."""
+    """Install the current-platform source, the level-3 compile backend factory, the
+    source of the plugins' ``hwplug_attention_backends`` results and what tells
+    whether those results may have changed (a value that changes with the plugins)."""
     if platform is not None:
         _platform_source[:] = [platform]
     if piecewise_backend is not None:
         _piecewise_factory[:] = [piecewise_backend]
     if attention_backends is not None:
         _attention_source[:] = [attention_backends]
+    if attention_version is not None:
+        _attention_version[:] = [attention_version]
 
 
 def attention_plugin_results() -> list[tuple[str, str, object]]:
     """``(plugin, distribution, result)`` of every ``hwplug_attention_backends()``
     implementation; empty when no plugin manager was installed."""
     return _attention_source[0]() if _attention_source else []
+
+
+def attention_plugins_version() -> object:
+    """A value that changes whenever the plugins (and so the attention backends they
+    add) may have changed; cheap to ask on every call."""
+    return _attention_version[0]() if _attention_version else None
 
 
 def current_platform(purpose: str) -> Platform:

@@ -738,6 +738,10 @@ def _step_fit_graph_mode(
     support = backend.graph_support
     path = "compilation.cudagraph_mode"
     explicit = changes.was_set(path)
+    _fit_piecewise_capture(config, plat, changes, backend)
+    mode = comp.cudagraph_mode
+    if mode is None or mode == CUDAGraphMode.NONE:
+        return
     try:
         fitted = resolve_runtime_graph_mode(comp, support)
     except ConfigError as exc:
@@ -746,6 +750,9 @@ def _step_fit_graph_mode(
                 f"compilation.cudagraph_mode={mode} cannot run with the {backend.name} attention "
                 f"backend (graph support {support.name}): {exc}"
             ) from exc
+        fitted = CUDAGraphMode.NONE
+    if _captures_attention_piecewise(comp, fitted, support):
+        # degraded to piecewise graphs, but hwplug's attention is not split out of them
         fitted = CUDAGraphMode.NONE
     if fitted == mode:
         return
@@ -766,6 +773,66 @@ def _step_fit_graph_mode(
     )
 
 
+def _attention_split(comp: Any) -> bool:
+    """Whether piecewise compilation runs hwplug's attention ops outside the captured
+    pieces: level PIECEWISE with every one of them among the splitting ops."""
+    from hwplug.core.config import CompilationLevel
+
+    ops = comp.splitting_ops or []
+    return comp.level == CompilationLevel.PIECEWISE and all(
+        op in ops for op in _HWPLUG_ATTENTION_OPS
+    )
+
+
+def _captures_attention_piecewise(comp: Any, mode: Any, support: Any) -> bool:
+    """Whether ``mode``'s piecewise graphs would capture an attention backend of
+    ``support`` that cannot run inside a captured graph (below ALWAYS)."""
+    from hwplug.core.graphs import AttentionGraphSupport
+
+    return (
+        mode.has_piecewise_cudagraphs()
+        and support is not AttentionGraphSupport.ALWAYS
+        and not _attention_split(comp)
+    )
+
+
+def _fit_piecewise_capture(
+    config: EngineConfig, plat: Platform, changes: ChangeLog, backend: Any
+) -> None:
+    """Piecewise graphs that would capture attention (hwplug's ops are not split out)
+    need a backend that can run inside any captured graph (ALWAYS): else an explicit
+    mode is a ConfigError, and an unset one drops its piecewise graphs (recorded)."""
+    from hwplug.core.config import CUDAGraphMode
+    from hwplug.core.graphs import AttentionGraphSupport
+
+    comp = config.compilation
+    mode = comp.cudagraph_mode
+    support = backend.graph_support
+    if mode is None or not _captures_attention_piecewise(comp, mode, support):
+        return
+    missing = [op for op in _HWPLUG_ATTENTION_OPS if op not in (comp.splitting_ops or [])]
+    why = (
+        f"compilation.splitting_ops={comp.splitting_ops} leave {', '.join(missing)} inside "
+        f"the piecewise graphs, which would capture the {backend.name} attention backend "
+        f"(graph support {support.name}: it cannot run inside a captured graph)"
+    )
+    path = "compilation.cudagraph_mode"
+    if changes.was_set(path):
+        fixes = [f"add {', '.join(missing)} to compilation.splitting_ops"]
+        if support >= AttentionGraphSupport.UNIFORM_SINGLE_TOKEN_DECODE:
+            fixes.append("use compilation.cudagraph_mode=FULL_DECODE_ONLY")
+        fixes += ["use compilation.cudagraph_mode=NONE", "choose another attention.backend"]
+        raise ConfigError(
+            f"compilation.cudagraph_mode={mode} cannot run on {plat.describe_device()}: "
+            f"{why}; " + ", or ".join(fixes)
+        )
+    if mode == CUDAGraphMode.FULL_AND_PIECEWISE and support is not AttentionGraphSupport.NEVER:
+        fitted = CUDAGraphMode.FULL_DECODE_ONLY
+    else:
+        fitted = CUDAGraphMode.NONE
+    changes.record(path, fitted, why, source=ENGINE)
+
+
 def _modes_that_fit(config: EngineConfig, plat: Platform, support: Any) -> list[Any]:
     """The graph modes the platform accepts here and the attention support keeps as they are."""
     from hwplug.core.config import CompilationLevel, CUDAGraphMode
@@ -781,6 +848,8 @@ def _modes_that_fit(config: EngineConfig, plat: Platform, support: Any) -> list[
             candidate.requires_piecewise_compilation()
             and trial.compilation.level != CompilationLevel.PIECEWISE
         ):
+            continue
+        if _captures_attention_piecewise(trial.compilation, candidate, support):
             continue
         try:
             if resolve_runtime_graph_mode(trial.compilation, support) == candidate:

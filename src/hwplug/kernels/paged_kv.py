@@ -226,6 +226,8 @@ def shares_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
     """
     if a.numel() == 0 or b.numel() == 0 or a.device != b.device:
         return False
+    if a.device.type == "meta":  # no memory at all: nothing to share
+        return a is b
     if a.untyped_storage().data_ptr() != b.untyped_storage().data_ptr():
         return False
     size = a.element_size()

@@ -12,7 +12,7 @@ import torch
 
 from hwplug.kernels.formats import FP8_FORMATS
 
-__all__ = ["dequantize", "gather_rows", "quantize", "write_rows"]
+__all__ = ["dequantize", "gather_rows", "quantize", "write_rows", "write_slots"]
 
 # Widest first: copying rows as 8-byte words moves the same bytes with 8x fewer elements.
 _WORD_DTYPES = (torch.int64, torch.int32, torch.int16, torch.uint8)
@@ -94,15 +94,28 @@ def write_rows(
     """Store ``src[i]`` into slot ``slot_mapping[i]`` of the paged ``cache``.
 
     Negative slots are padding and leave the cache untouched (finding out
-    whether there are any reads one value back from the device).
+    whether there are any reads one value back from the device; a caller that
+    knows which rows are real uses :func:`write_slots`, which reads nothing).
     """
-    rows = quantize(src, scale, cache.dtype)
     slots = slot_mapping.to(torch.int64)
     if bool((slots < 0).any()):
         keep = slots >= 0
-        slots, rows = slots[keep], rows[keep]
+        slots, src = slots[keep], src[keep]
+    write_slots(src, cache, slots, scale)
+
+
+def write_slots(
+    src: torch.Tensor,
+    cache: torch.Tensor,
+    slots: torch.Tensor,
+    scale: float | torch.Tensor,
+) -> None:
+    """Store ``src[i]`` into slot ``slots[i]`` of ``cache``; every slot is a real one
+    (in range, not negative: the caller checked). Reads nothing back from the device."""
     if slots.shape[0] == 0:
         return
+    rows = quantize(src, scale, cache.dtype)
+    slots = slots.to(torch.int64)
     flat = _slot_rows(cache)
     if flat is None:
         block_size = cache.shape[1]

@@ -94,8 +94,21 @@ class HwplugPluginManager(pluggy.PluginManager):
         self.plugin_info: dict[str, PluginInfo] = {}
         self.failures: list[PluginFailure] = []
         self._platforms: dict[str, PlatformEntry] | None = None
+        self.generation = 0
+        """Bumped whenever a plugin is registered or unregistered: what was derived
+        from the plugins (such as the attention backend behind a name) may differ."""
         if trace if trace is not None else os.environ.get("HWPLUG_TRACE", "") in _TRUE:
             self._enable_trace()
+
+    def register(self, plugin: object, name: str | None = None) -> str | None:
+        """pluggy's ``register``, counting the change in :attr:`generation`."""
+        self.generation += 1
+        return super().register(plugin, name)
+
+    def unregister(self, plugin: object | None = None, name: str | None = None) -> object | None:
+        """pluggy's ``unregister``, counting the change in :attr:`generation`."""
+        self.generation += 1
+        return super().unregister(plugin, name)
 
     # -- tracing --------------------------------------------------------------
     def _enable_trace(self) -> None:

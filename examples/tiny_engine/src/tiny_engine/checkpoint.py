@@ -395,14 +395,14 @@ def weight_files(directory: Path) -> list[Path]:
     return files
 
 
-def iter_weights(directory: str | Path) -> Iterator[tuple[str, torch.Tensor]]:
-    """Every tensor of the checkpoint as ``(name, tensor)``, shard by shard, on CPU."""
+def iter_weights(directory: str | Path) -> Iterator[tuple[str, torch.Tensor, Path]]:
+    """Every tensor of the checkpoint as ``(name, tensor, file)``, shard by shard, on CPU."""
     from safetensors import SafetensorError, safe_open
 
     for file in weight_files(Path(directory)):
         try:
             with safe_open(str(file), framework="pt") as reader:
                 for name in reader.keys():  # noqa: SIM118 (safe_open has no __iter__)
-                    yield name, reader.get_tensor(name)
+                    yield name, reader.get_tensor(name), file
         except SafetensorError as exc:
             raise CheckpointError(f"{file}: unreadable safetensors file ({exc})") from exc

@@ -14,6 +14,7 @@ engines do; :func:`load_weights` fuses the checkpoint's separate matrices.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from pathlib import Path
 from typing import cast
 
 import torch
@@ -244,8 +245,13 @@ def _target(name: str, spec: ModelSpec) -> tuple[str, int | None] | None:
     return name, None
 
 
-def load_weights(model: CausalLM, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+def load_weights(
+    model: CausalLM, weights: Iterable[tuple[str, torch.Tensor] | tuple[str, torch.Tensor, Path]]
+) -> None:
     """Copy checkpoint tensors into ``model`` (fusing q/k/v and gate/up), in its dtype.
+
+    ``weights`` yields ``(name, tensor)`` or ``(name, tensor, file)``; errors name the
+    file when it is given (else the checkpoint directory).
 
     :raises CheckpointError: a tensor the model lacks, a shape mismatch, or a
         parameter the checkpoint does not provide (``lm_head`` may come from
@@ -259,7 +265,9 @@ def load_weights(model: CausalLM, weights: Iterable[tuple[str, torch.Tensor]]) -
     inter = spec.intermediate_size
     gate_up_rows = {0: (0, inter), 1: (inter, 2 * inter)}
     with torch.no_grad():
-        for name, tensor in weights:
+        for item in weights:
+            name, tensor = item[0], item[1]
+            where = item[2] if len(item) > 2 else spec.path  # type: ignore[misc]
             target = _target(name, spec)
             if target is None:
                 continue
@@ -267,7 +275,7 @@ def load_weights(model: CausalLM, weights: Iterable[tuple[str, torch.Tensor]]) -
             param = params.get(pname)
             if param is None:
                 raise CheckpointError(
-                    f"{spec.path}: checkpoint tensor {name!r} has no place in a "
+                    f"{where}: checkpoint tensor {name!r} has no place in a "
                     f"{spec.architecture} with this config.json"
                 )
             dest: torch.Tensor = param
@@ -276,12 +284,12 @@ def load_weights(model: CausalLM, weights: Iterable[tuple[str, torch.Tensor]]) -
                 dest = param[rows[0] : rows[1]]
             if not (tensor.dtype.is_floating_point and tensor.dtype.itemsize >= 2):
                 raise CheckpointError(
-                    f"{spec.path}: checkpoint tensor {name!r} is {tensor.dtype}; weights "
+                    f"{where}: checkpoint tensor {name!r} is {tensor.dtype}; weights "
                     "must be 16- or 32-bit floats"
                 )
             if tuple(dest.shape) != tuple(tensor.shape):
                 raise CheckpointError(
-                    f"{spec.path}: checkpoint tensor {name!r} has shape {tuple(tensor.shape)}, "
+                    f"{where}: checkpoint tensor {name!r} has shape {tuple(tensor.shape)}, "
                     f"config.json implies {tuple(dest.shape)}"
                 )
             dest.copy_(tensor.to(dest.dtype))

@@ -21,7 +21,8 @@ from typing import Any
 
 import torch
 
-from hwplug.compilation import PiecewiseBackend
+from hwplug.attention import AttentionMetadata, forward_context, get_backend
+from hwplug.compilation import compile_model
 from hwplug.core.config import CUDAGraphMode, EngineConfig
 from hwplug.core.graphs import (
     BatchDescriptor,
@@ -81,10 +82,15 @@ class ModelRunner:
 
         self.input_ids = buffer(self.max_tokens, dtype=torch.int64)
         self.positions = buffer(self.max_tokens, dtype=torch.int64)
-        self.slot_mapping = buffer(self.max_tokens, dtype=torch.int64)
-        self.query_start_loc = buffer(self.max_num_seqs + 1, dtype=torch.int32)
-        self.seq_lens = buffer(self.max_num_seqs, dtype=torch.int32)
-        self.block_table = buffer(self.max_num_seqs, self.max_blocks, dtype=torch.int32)
+        self.metadata_buffers = AttentionMetadata(
+            query_start_loc=buffer(self.max_num_seqs + 1, dtype=torch.int32),
+            seq_lens=buffer(self.max_num_seqs, dtype=torch.int32),
+            block_table=buffer(self.max_num_seqs, self.max_blocks, dtype=torch.int32),
+            slot_mapping=buffer(self.max_tokens, dtype=torch.int64),
+        )
+        """Where each step's attention metadata is built (``AttentionMetadata.build(out=...)``):
+        every step and every captured graph reads the same memory."""
+        self.attention = get_backend(str(config.attention.backend))
         self._pin = device.type == "cuda"
 
         self.compiled: Callable[..., torch.Tensor] = self._compile() if compile_model else model
@@ -100,43 +106,49 @@ class ModelRunner:
 
     # -- compilation --------------------------------------------------------------------
     def _compile(self) -> Callable[..., torch.Tensor]:
-        comp = self.config.compilation
-        level = int(comp.level or 0)
-        if level == 0:
-            return self.model
-        backend: Any
-        if level == 3:
-            # hwplug's piecewise backend, for this engine's platform and graph backend.
-            backend = PiecewiseBackend(
-                comp, self.config, platform=self.platform, graph_backend=self.graph_backend
-            )
-        else:
-            backend = comp.init_backend(self.config)
-        options = None
-        if backend == "inductor" and comp.inductor_compile_config:
-            # Levels 1-2 hand Inductor a name: its options travel with torch.compile.
-            options = dict(comp.inductor_compile_config)
-        compiled = torch.compile(
-            self.model, backend=backend, fullgraph=True, dynamic=True, options=options
+        compiled: Callable[..., torch.Tensor] = compile_model(
+            self.model, self.config, platform=self.platform, graph_backend=self.graph_backend
         )
         return compiled
 
     # -- inputs -------------------------------------------------------------------------
-    def _host(
-        self, values: Sequence[int] | Sequence[list[int]], dtype: torch.dtype
-    ) -> torch.Tensor:
+    def _host(self, values: Sequence[int], dtype: torch.dtype) -> torch.Tensor:
         tensor = torch.tensor(values, dtype=dtype)
         return tensor.pin_memory() if self._pin else tensor
 
-    def _args(self, num_tokens: int, batch: int) -> tuple[torch.Tensor, ...]:
-        return (
-            self.input_ids[:num_tokens],
-            self.positions[:num_tokens],
-            self.query_start_loc[: batch + 1],
-            self.seq_lens[:batch],
-            self.block_table[:batch],
-            self.slot_mapping[:num_tokens],
+    def _step_inputs(
+        self,
+        ids: list[int],
+        positions: list[int],
+        query_lens: list[int],
+        seq_lens: list[int],
+        tables: list[list[int]],
+        slots: list[int],
+    ) -> tuple[tuple[torch.Tensor, ...], Any]:
+        """Write one step's inputs into the buffers and prepare its attention.
+
+        Returns the model's arguments (views of the buffers) and the prepared
+        attention step the model's layers run with (``forward_context``).
+        """
+        n, nb = len(ids), self._pin
+        self.input_ids[:n].copy_(self._host(ids, torch.int64), non_blocking=nb)
+        self.positions[:n].copy_(self._host(positions, torch.int64), non_blocking=nb)
+        metadata = AttentionMetadata.build(
+            query_lens, seq_lens, tables, slots, device=self.device, out=self.metadata_buffers
         )
+        cache = self.model.attention_layers()[0].key_cache
+        prepared = self.attention.prepare(
+            metadata, num_blocks=int(cache.shape[0]), block_size=int(cache.shape[1])
+        )
+        args = (
+            self.input_ids[:n],
+            self.positions[:n],
+            metadata.query_start_loc,
+            metadata.seq_lens,
+            metadata.block_table,
+            metadata.slot_mapping,
+        )
+        return args, prepared
 
     def _graph_batch(self, padded: int) -> int:
         """Sequences in a FULL graph of ``padded`` tokens (the unused ones are empty)."""
@@ -144,21 +156,22 @@ class ModelRunner:
 
     def prepare(
         self, step: Step
-    ) -> tuple[CUDAGraphMode, BatchDescriptor, tuple[torch.Tensor, ...], list[int]]:
-        """Write ``step``'s inputs into the buffers.
+    ) -> tuple[CUDAGraphMode, BatchDescriptor, tuple[torch.Tensor, ...], Any, list[int]]:
+        """Write ``step``'s inputs into the buffers and prepare its attention.
 
-        Returns the runtime mode, the graph key, the model's arguments and, per
-        sequence, the row whose logits are sampled (-1: a prompt chunk that
-        does not end its prompt).
+        Returns the runtime mode, the graph key, the model's arguments, the
+        prepared attention step and, per sequence, the row whose logits are
+        sampled (-1: a prompt chunk that does not end its prompt).
         """
         ids: list[int] = []
         positions: list[int] = []
         slots: list[int] = []
-        starts = [0]
+        query_lens: list[int] = []
         lens: list[int] = []
         rows: list[int] = []
+        tables: list[list[int]] = []
         size = self.block_size
-        rows_of_blocks: list[list[int]] = []
+        num_tokens = 0
         for seq, n in zip(step.seqs, step.num_new):
             first = seq.num_computed
             end = first + n
@@ -166,11 +179,11 @@ class ModelRunner:
             positions.extend(range(first, end))
             blocks = seq.blocks
             slots.extend(blocks[p // size] * size + p % size for p in range(first, end))
-            starts.append(starts[-1] + n)
+            num_tokens += n
+            query_lens.append(n)
             lens.append(end)
-            rows_of_blocks.append(blocks + [0] * (self.max_blocks - len(blocks)))
-            rows.append(starts[-1] - 1 if end == len(seq.tokens) else -1)
-        num_tokens = starts[-1]
+            tables.append(blocks)
+            rows.append(num_tokens - 1 if end == len(seq.tokens) else -1)
         if self.eager_steps:
             mode, key = CUDAGraphMode.NONE, BatchDescriptor(num_tokens)
         else:
@@ -180,23 +193,20 @@ class ModelRunner:
         padded = key.num_tokens if mode is not CUDAGraphMode.NONE else num_tokens
         num_seqs = len(step.seqs)
         batch = self._graph_batch(padded) if mode is CUDAGraphMode.FULL else num_seqs
-        pad, extra, nb = padded - num_tokens, batch - num_seqs, self._pin
-        self.input_ids[:padded].copy_(self._host(ids + [0] * pad, torch.int64), non_blocking=nb)
-        self.positions[:padded].copy_(
-            self._host(positions + [0] * pad, torch.int64), non_blocking=nb
+        pad, extra = padded - num_tokens, batch - num_seqs
+        args, prepared = self._step_inputs(
+            ids + [0] * pad,
+            positions + [0] * pad,
+            query_lens + [0] * extra,
+            lens + [0] * extra,
+            tables + [[]] * extra,
+            slots + [-1] * pad,
         )
-        self.slot_mapping[:padded].copy_(
-            self._host(slots + [-1] * pad, torch.int64), non_blocking=nb
-        )
-        self.query_start_loc[: batch + 1].copy_(
-            self._host(starts + [num_tokens] * extra, torch.int32), non_blocking=nb
-        )
-        self.seq_lens[:batch].copy_(self._host(lens + [0] * extra, torch.int32), non_blocking=nb)
-        table = self._host(rows_of_blocks, torch.int32)
-        self.block_table[:num_seqs].copy_(table, non_blocking=nb)
-        return mode, key, self._args(padded, batch), rows
+        return mode, key, args, prepared, rows
 
-    def _dummy_inputs(self, num_tokens: int, batch: int, uniform: bool) -> tuple[torch.Tensor, ...]:
+    def _dummy_inputs(
+        self, num_tokens: int, batch: int, uniform: bool
+    ) -> tuple[tuple[torch.Tensor, ...], Any]:
         """A batch of ``num_tokens`` tokens in ``batch`` sequences that writes nothing."""
         if uniform:
             lens = [1] * batch
@@ -204,16 +214,9 @@ class ModelRunner:
             lens = [
                 num_tokens // batch + (1 if i < num_tokens % batch else 0) for i in range(batch)
             ]
-        starts = [0]
-        for q in lens:
-            starts.append(starts[-1] + q)
-        self.input_ids[:num_tokens].zero_()
-        self.positions[:num_tokens].zero_()
-        self.slot_mapping[:num_tokens].fill_(-1)
-        self.query_start_loc[: batch + 1].copy_(torch.tensor(starts, dtype=torch.int32))
-        self.seq_lens[:batch].copy_(torch.tensor(lens, dtype=torch.int32))
-        self.block_table[:batch].zero_()
-        return self._args(num_tokens, batch)
+        tables = [[0] * -(-n // self.block_size) for n in lens]
+        zeros = [0] * num_tokens
+        return self._step_inputs(zeros, zeros, lens, lens, tables, [-1] * num_tokens)
 
     def _dummy_batch(self, num_tokens: int) -> int:
         """Fewest sequences that hold ``num_tokens`` tokens within ``max_model_len`` each
@@ -243,8 +246,9 @@ class ModelRunner:
     def execute(self, step: Step) -> tuple[torch.Tensor, list[int]]:
         """Run ``step``; returns float32 logits of the sampled rows and, per sequence,
         its row in them (-1: nothing to sample)."""
-        mode, key, args, rows = self.prepare(step)
-        hidden = self.forward(mode, key, args)
+        mode, key, args, prepared, rows = self.prepare(step)
+        with forward_context(prepared):
+            hidden = self.forward(mode, key, args)
         wanted = [r for r in rows if r >= 0]
         index = torch.tensor(wanted, dtype=torch.int64, device=self.device)
         logits = self.model.logits(hidden.index_select(0, index))
@@ -260,18 +264,21 @@ class ModelRunner:
         """An eager forward of ``num_tokens`` dummy tokens (the largest step) that
         writes nothing to the cache."""
         n = self.largest_step(num_tokens)
-        self.model(*self._dummy_inputs(n, self._dummy_batch(n), uniform=False))
+        args, prepared = self._dummy_inputs(n, self._dummy_batch(n), uniform=False)
+        with forward_context(prepared):
+            self.model(*args)
 
     def warm_up(self) -> None:
         """Compile now rather than in the first step: one graph for every step size."""
         if self.compiled is self.model:
             return
         n = self.largest_step(self.max_tokens)
-        args = self._dummy_inputs(n, self._dummy_batch(n), uniform=False)
+        args, prepared = self._dummy_inputs(n, self._dummy_batch(n), uniform=False)
         for t in args:
             # One graph for every size, 1 included (no 0/1 specialisation).
             torch._dynamo.decorators.mark_unbacked(t, 0)
-        self.compiled(*args)
+        with forward_context(prepared):
+            self.compiled(*args)
 
     def _dummy_step(self, key: BatchDescriptor) -> None:
         """Run a forward shaped like graph key ``key`` (called by ``capture_graphs``)."""
@@ -283,11 +290,12 @@ class ModelRunner:
             batch = n
         else:
             batch = self._dummy_batch(n)
-        args = self._dummy_inputs(n, batch, uniform=key.uniform_decode)
-        if mode is CUDAGraphMode.FULL and self.full_graph is not None:
-            self.full_graph(*args)
-        else:
-            self.compiled(*args)
+        args, prepared = self._dummy_inputs(n, batch, uniform=key.uniform_decode)
+        with forward_context(prepared):
+            if mode is CUDAGraphMode.FULL and self.full_graph is not None:
+                self.full_graph(*args)
+            else:
+                self.compiled(*args)
 
     def capture(self) -> list[tuple[CUDAGraphMode, BatchDescriptor]]:
         """Capture every graph the dispatcher can ask for (none without device graphs)."""

@@ -1,0 +1,91 @@
+"""Compiling an engine's model as the resolved compilation config says.
+
+:func:`compile_model` is what an engine calls once its model and KV cache are
+built: level 0 returns the model unchanged; levels 1 and 2 wrap it in
+``torch.compile`` with the resolved backend (``init_backend()``, Inductor's
+options from ``inductor_compile_config``); level 3 uses hwplug's piecewise
+backend for the engine's platform, which splits the graph at the attention op
+and wraps each compiled piece in the platform's graph wrapper.
+
+Each call compiles a private copy of the model's ``forward`` code. Dynamo
+keeps compiled graphs per code object, with a limit of eight
+(``recompile_limit``): engines built one after another in one process for
+models of other shapes or settings would otherwise pile their graphs onto
+the one ``forward`` of the model class and, past eight, fail with
+``fullgraph=True``. A private code object gives each engine its own cache,
+which goes away with the engine.
+"""
+
+from __future__ import annotations
+
+import types
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+
+    from hwplug.core.config import EngineConfig
+    from hwplug.core.graphs import GraphBackend
+    from hwplug.core.platform import Platform
+
+__all__ = ["compile_model"]
+
+
+def compile_model(
+    model: torch.nn.Module,
+    config: EngineConfig,
+    *,
+    platform: Platform,
+    graph_backend: GraphBackend | None = None,
+    dynamic: bool = True,
+) -> Callable[..., Any]:
+    """``model`` compiled as ``config.compilation`` says (level 0: ``model`` itself).
+
+    ``config`` is the resolved engine config; ``platform`` the platform it was
+    resolved for (the piecewise backend of level 3 captures with its graph
+    wrapper, through ``graph_backend`` when given: a test double on CPU
+    tensors). The model is compiled whole (``fullgraph=True``) with dynamic
+    shapes, so one graph serves every step size.
+
+    :raises ConfigError: the compilation backend cannot be built (see
+        :meth:`~hwplug.core.config.CompilationConfig.init_backend`).
+    """
+    import torch
+
+    comp = config.compilation
+    level = int(comp.level or 0)
+    if level == 0:
+        return model
+    backend: Any
+    if level == 3:
+        from hwplug.compilation.piecewise import PiecewiseBackend
+
+        backend = PiecewiseBackend(comp, config, platform=platform, graph_backend=graph_backend)
+    else:
+        backend = comp.init_backend(config)
+    options = None
+    if backend == "inductor" and comp.inductor_compile_config:
+        # Levels 1-2 hand Inductor a name: its options travel with torch.compile.
+        options = dict(comp.inductor_compile_config)
+    forward = _private_forward(model)
+    return torch.compile(forward, backend=backend, fullgraph=True, dynamic=dynamic, options=options)
+
+
+def _entry_for(model: torch.nn.Module) -> Callable[..., Any]:
+    def forward(*args: Any, **kwargs: Any) -> Any:
+        return model(*args, **kwargs)  # the module's call: its hooks run too
+
+    return forward
+
+
+def _private_forward(model: torch.nn.Module) -> Callable[..., Any]:
+    """A function calling ``model`` whose code object is this model's alone (see the
+    module's docstring): Dynamo's graphs for it belong to this model."""
+    entry = _entry_for(model)
+    code = entry.__code__.replace()  # equal, but a distinct object: its own Dynamo cache
+    private = types.FunctionType(
+        code, entry.__globals__, entry.__name__, entry.__defaults__, entry.__closure__
+    )
+    private.__qualname__ = f"{type(model).__qualname__}.forward"
+    return private
