@@ -39,7 +39,7 @@ __all__ = ["TorchAttentionBackend", "TorchAttentionStep"]
 _GATHER_BYTES = 2 << 20
 """Most bytes of gathered keys (and as many of values) one batched decode call holds."""
 
-_SCRATCH_BYTES = 8 << 20
+_SCRATCH_BYTES = 32 << 20
 """Largest gather buffer kept for reuse (per buffer, per thread and device)."""
 
 
