@@ -237,6 +237,10 @@ class Platform:
     """Ray resource name for this device; empty when Ray cannot place it."""
     device_control_env_var: ClassVar[str] = ""
     """Environment variable that restricts the visible devices."""
+    communicator_cls: ClassVar[type | None] = None
+    """The :class:`~hwplug.core.distributed.DeviceCommunicator` subclass
+    :meth:`device_communicator` returns; None: the default one (torch.distributed
+    collectives on the group)."""
     vendor: ClassVar[str] = ""
     """Human-readable vendor name."""
 
@@ -710,6 +714,85 @@ class Platform:
             **kwargs,
         )
         return dist.group.WORLD
+
+    def init_distributed(
+        self,
+        rank: int,
+        world_size: int,
+        *,
+        local_rank: int | None = None,
+        init_method: str = "env://",
+        timeout: timedelta = timedelta(minutes=10),
+    ) -> Any:
+        """Bind this rank to its device and join the default process group (SPEC 14).
+
+        ``set_device(local_rank)`` (``local_rank`` defaults to ``rank``; a no-op
+        on the CPU), then ``torch.distributed`` with this platform's
+        :attr:`dist_backend` over ``init_method`` (``env://`` reads
+        ``MASTER_ADDR`` and ``MASTER_PORT``; ``tcp://host:port`` names them).
+        Called again with the same arguments it returns the same group.
+
+        :raises ValueError: a rank outside ``[0, world_size)``, or a bad argument.
+        :raises RuntimeError: the platform is simulated or has no collective
+            backend, or the process already joined with other arguments (both
+            are named).
+        """
+        from hwplug.core import distributed
+
+        for name, value in (("rank", rank), ("world_size", world_size)):
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise ValueError(f"{name} must be an integer, got {value!r}")
+        if world_size < 1 or not 0 <= rank < world_size:
+            raise ValueError(
+                f"rank must be in [0, world_size) and world_size >= 1; got rank={rank}, "
+                f"world_size={world_size}"
+            )
+        local = rank if local_rank is None else local_rank
+        if isinstance(local, bool) or not isinstance(local, int) or local < 0:
+            raise ValueError(f"local_rank must be a non-negative integer, got {local_rank!r}")
+        if not isinstance(init_method, str) or not init_method:
+            raise ValueError(f"init_method must be a URL such as 'env://', got {init_method!r}")
+        if not isinstance(timeout, timedelta) or timeout <= timedelta(0):
+            raise ValueError(f"timeout must be a positive datetime.timedelta, got {timeout!r}")
+        self._require_real_device("init_distributed()")
+        if not self.dist_backend:
+            raise RuntimeError(
+                f"the {self.name} platform names no torch.distributed backend (dist_backend); "
+                "it cannot join a process group"
+            )
+        if self.device_type != "cpu":  # ranks on one host share its CPUs
+            self.set_device(local)
+        setup = distributed.DistributedSetup(
+            self.dist_backend, rank, world_size, local, init_method, timeout
+        )
+        return distributed.init_process_group(setup)
+
+    def destroy_distributed(self) -> None:
+        """Leave and destroy the default process group (nothing when there is none)."""
+        from hwplug.core import distributed
+
+        distributed.destroy_process_group()
+
+    def device_communicator(self, group: Any = None) -> Any:
+        """The collectives of ``group`` (None: the default process group, or this
+        process alone when ``torch.distributed`` is not initialised): an instance of
+        :attr:`communicator_cls`, by default
+        :class:`~hwplug.core.distributed.DeviceCommunicator`.
+
+        :raises PluginError: :attr:`communicator_cls` is not a ``DeviceCommunicator``
+            subclass.
+        """
+        from hwplug.core.distributed import DeviceCommunicator
+
+        cls = self.communicator_cls or DeviceCommunicator
+        if not (isinstance(cls, type) and issubclass(cls, DeviceCommunicator)):
+            from hwplug.core.errors import PluginError
+
+            raise PluginError(
+                f"platform {self.name!r}: communicator_cls is {brief(cls)}, which is not a "
+                "subclass of hwplug.core.distributed.DeviceCommunicator"
+            )
+        return cls(group)
 
     # ==================================================================================
     # runtime services
