@@ -27,9 +27,13 @@ if TYPE_CHECKING:
 __all__ = [
     "DeviceCommunicator",
     "DistributedSetup",
+    "all_gather",
+    "all_reduce",
+    "communicator",
     "current_setup",
     "destroy_process_group",
     "init_process_group",
+    "register_communicator",
 ]
 
 
@@ -214,3 +218,64 @@ class DeviceCommunicator:
         import torch.distributed as dist
 
         dist.barrier(group=self.group)
+
+
+# -- collectives as torch custom ops --------------------------------------------------------
+
+_communicators: dict[str, DeviceCommunicator] = {}
+
+
+def register_communicator(name: str, communicator: DeviceCommunicator | None) -> None:
+    """Make ``communicator`` the one the collective ops of group ``name`` run on (None:
+    forget it). An engine registers its tensor-parallel group once per process
+    (``"tp"``), and its model calls :func:`all_reduce` and :func:`all_gather` with
+    that name."""
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"a communicator name must be a non-empty string, got {name!r}")
+    if communicator is None:
+        _communicators.pop(name, None)
+        return
+    if not isinstance(communicator, DeviceCommunicator):
+        raise ValueError(
+            f"register_communicator({name!r}, ...) takes a DeviceCommunicator, got "
+            f"{type(communicator).__name__}"
+        )
+    _communicators[name] = communicator
+
+
+def communicator(name: str) -> DeviceCommunicator:
+    """The communicator registered as ``name``.
+
+    :raises RuntimeError: none is (the message lists the registered names).
+    """
+    found = _communicators.get(name)
+    if found is None:
+        known = ", ".join(sorted(_communicators)) or "none"
+        raise RuntimeError(
+            f"no communicator is registered as {name!r} in this process (registered: {known}); "
+            "call hwplug.core.distributed.register_communicator first"
+        )
+    return found
+
+
+def _collective_ops() -> Any:
+    """``torch.ops.hwplug`` with ``all_reduce`` and ``all_gather`` registered (on first
+    use; imports torch). They are opaque to ``torch.compile``: a compiled model
+    calls the communicator at run time, between its compiled kernels."""
+    from hwplug.core import _collective_ops
+
+    return _collective_ops.OPS
+
+
+def all_reduce(t: torch.Tensor, group: str) -> torch.Tensor:
+    """The sum of ``t`` over the ranks of group ``group``, as a new tensor, through
+    ``hwplug::all_reduce`` (opaque to ``torch.compile``)."""
+    result: torch.Tensor = _collective_ops().all_reduce(t, group)
+    return result
+
+
+def all_gather(t: torch.Tensor, dim: int, group: str) -> torch.Tensor:
+    """Every rank's ``t`` concatenated along ``dim``, as a new tensor, through
+    ``hwplug::all_gather`` (opaque to ``torch.compile``)."""
+    result: torch.Tensor = _collective_ops().all_gather(t, dim, group)
+    return result

@@ -21,6 +21,7 @@ samples greedily or with a seeded temperature.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import math
 import secrets
@@ -44,15 +45,15 @@ from hwplug.core.kv_cache import (
 from hwplug.core.platform import Platform
 from tiny_engine.attention import resolved_backend
 from tiny_engine.blocks import BlockPool
-from tiny_engine.checkpoint import ModelSpec, iter_weights, read_checkpoint
-from tiny_engine.model import CausalLM, load_weights
-from tiny_engine.runner import ModelRunner
+from tiny_engine.checkpoint import ModelSpec, read_checkpoint
+from tiny_engine.executor import Executor, make_executor
+from tiny_engine.model import CausalLM, sharding_problem
+from tiny_engine.runner import ModelRunner, StepInput
 from tiny_engine.scheduler import Scheduler
 from tiny_engine.scheduler import Sequence as Seq
+from tiny_engine.worker import WorkerSpec
 
 __all__ = ["LLM", "engine_config_for"]
-
-_FP8 = ("fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc")
 
 GREEDY_BELOW = 1e-5
 """Temperatures below this sample greedily (the reference engine's rule): dividing
@@ -179,6 +180,19 @@ class LLM:
             self.config.cache.cache_dtype, self.config.model.dtype, self.platform
         )
         self.attention_backend = resolved_backend(self.config, self.platform)
+        parallel = self.config.parallel
+        self.tensor_parallel_size = parallel.tensor_parallel_size
+        problem = sharding_problem(self.spec, self.tensor_parallel_size)
+        if problem is not None:
+            raise ConfigError(f"{problem} ({self.spec.path / 'config.json'})")
+        if parallel.pipeline_parallel_size != 1 or parallel.data_parallel_size != 1:
+            raise ConfigError(
+                "tiny_engine serves tensor parallelism only: parallel.pipeline_parallel_size "
+                "and parallel.data_parallel_size must be 1"
+            )
+        self.executor_kind = parallel.distributed_executor_backend or (
+            "uni" if parallel.world_size == 1 else "mp"
+        )
         self._stats: dict[str, Any] = {
             "prefix_cache_hits": 0,
             "preemptions": 0,
@@ -189,8 +203,13 @@ class LLM:
         }
         self._lock = threading.Lock()
         """Serialises ``generate`` calls: the runner's buffers and the pool are shared."""
-        with hwplug.use_platform(self.platform), torch.inference_mode():
-            self._build()
+        self.executor: Executor | None = None
+        try:
+            with hwplug.use_platform(self.platform), torch.inference_mode():
+                self._build(device)
+        except BaseException:
+            self.close()
+            raise
 
     # -- construction -------------------------------------------------------------------
     def _device(self, device: str | torch.device | None) -> torch.device:
@@ -206,41 +225,22 @@ class LLM:
                 "no device to run on: pass device='cpu' to run its resolved configuration "
                 "on CPU tensors, or run on the real hardware"
             )
-        result = plat.torch_device(0)
-        if self._device_is_live(plat, result):
-            plat.set_device(0)
-        return result
+        return plat.torch_device(0)
 
-    @staticmethod
-    def _device_is_live(plat: Platform, device: torch.device) -> bool:
-        return not plat.simulated and device.type == plat.device_type
-
-    def _build(self) -> None:
-        cfg, spec, plat = self.config, self.spec, self.platform
-        if self._live:
-            plat.seed_everything(0)
-        default_dtype = torch.get_default_dtype()
-        torch.set_default_dtype(self.dtype)
-        try:
-            # Normal tensors, not inference tensors: a user's later in-place update of a
-            # weight works outside inference_mode too, and bumps its version counter.
-            with torch.inference_mode(False), torch.no_grad(), torch.device(self.device):
-                self.model = CausalLM(spec, self.attention_backend, cfg.model.max_model_len)
-                load_weights(self.model, iter_weights(spec.path))
-        finally:
-            torch.set_default_dtype(default_dtype)
-        self.model.eval().requires_grad_(False)
-        self._weights_seen = self._weights_fingerprint()
-        self.memory: dict[str, int] = {"after_load": self._memory_in_use()}
-
-        # Profile the largest step eagerly on a one-block cache (no block is written).
-        block_size = int(cfg.cache.block_size or 16)
-        self._allocate_cache(1, block_size)
-        self.runner = ModelRunner(self.model, cfg, plat, self.device, compile_model=False)
-        self.runner.profile_run(cfg.scheduler.max_num_batched_tokens)
-        self.memory["after_profile"] = self._memory_in_use()
+    def _build(self, device: str | torch.device | None) -> None:
+        cfg, plat = self.config, self.platform
+        spec = WorkerSpec(
+            checkpoint=self.spec.path,
+            config=cfg,
+            platform=plat,
+            attention_backend=self.attention_backend,
+            device=None if device is None else str(self.device),
+            world_size=cfg.parallel.world_size,
+        )
+        self.executor = make_executor(self.executor_kind, spec)
+        self.memory: dict[str, int] = self.executor.run("load")[0]
         used = max(self.memory.values())
-
+        block_size = int(cfg.cache.block_size or 16)
         budget_blocks = num_blocks(cfg, plat, used_bytes=used)
         per_sequence = math.ceil(cfg.model.max_model_len / block_size)
         if budget_blocks < per_sequence:
@@ -254,47 +254,74 @@ class LLM:
         blocks = min(budget_blocks, cfg.scheduler.max_num_seqs * per_sequence)
         self.budget_blocks = budget_blocks
         self.num_blocks = blocks
-        self._allocate_cache(blocks, block_size)
-
         algo = cfg.cache.prefix_caching_hash_algo
         self.pool = BlockPool(
             blocks,
             block_size,
             hash_fn=hash_function(algo) if cfg.cache.enable_prefix_caching else None,
         )
-        start = time.perf_counter()
-        self.runner = ModelRunner(self.model, cfg, plat, self.device)
-        self.runner.warm_up()
-        self.captured = self.runner.capture()
-        self.compile_seconds = time.perf_counter() - start
-        if self.config.cache.cache_dtype in _FP8 and cfg.cache.calculate_kv_scales:
-            # Scales come from the first real step, run eagerly; graphs read the filled buffers.
-            for layer in self.model.attention_layers():
-                layer.calculate_scales = True
-            self.runner.eager_steps = 1
-        if self._live:
-            plat.synchronize()
+        built = self.executor.run("init_cache", blocks, block_size)[0]
+        self.graphs_captured = int(built["graphs_captured"])
+        self.compile_seconds = float(built["compile_seconds"])
+        worker = self.executor.local_worker
+        self._weights_seen = worker.weights_fingerprint() if worker is not None else ()
 
-    def _allocate_cache(self, blocks: int, block_size: int) -> None:
-        spec = self.spec
-        shape = (blocks, block_size, spec.num_kv_heads, spec.head_dim)
-        for layer in self.model.attention_layers():
-            layer.key_cache = torch.zeros(shape, dtype=self.cache_dtype, device=self.device)
-            layer.value_cache = torch.zeros(shape, dtype=self.cache_dtype, device=self.device)
+    @property
+    def model(self) -> CausalLM:
+        """The model, when it lives in this process (executors ``uni`` and
+        ``external_launcher``: this rank's part).
 
-    def _memory_in_use(self) -> int:
-        """The most bytes this process has held on the device (0 where it is not real):
-        after the profile run, activations included."""
-        if not self._live:
-            return 0
-        self.platform.synchronize()
-        return int(self.platform.peak_memory_usage(0))
+        :raises RuntimeError: the ranks run in other processes.
+        """
+        worker = self.executor.local_worker if self.executor is not None else None
+        if worker is None or worker.model is None:
+            raise RuntimeError(
+                f"the model lives in the ranks' processes ({self.executor_kind} executor), "
+                "not in this one"
+            )
+        return worker.model
+
+    @property
+    def runner(self) -> ModelRunner:
+        """The model runner, when it lives in this process (see :attr:`model`)."""
+        worker = self.executor.local_worker if self.executor is not None else None
+        if worker is None or worker.runner is None:
+            raise RuntimeError(
+                f"the model runner lives in the ranks' processes ({self.executor_kind} "
+                "executor), not in this one"
+            )
+        return worker.runner
+
+    @property
+    def captured(self) -> list[Any]:
+        """The graphs this process captured (its rank's)."""
+        worker = self.executor.local_worker if self.executor is not None else None
+        return list(worker.captured) if worker is not None else []
+
+    def close(self) -> None:
+        """Stop the ranks (other processes, Ray actors) and leave the process group.
+        Idempotent; the engine cannot generate afterwards."""
+        executor, self.executor = self.executor, None
+        if executor is not None:
+            executor.shutdown()
+
+    def __enter__(self) -> LLM:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        with contextlib.suppress(Exception):
+            self.close()
 
     # -- weights and the prefix cache -------------------------------------------------------
     def _weights_fingerprint(self) -> tuple[tuple[int, int], ...]:
         """Where each parameter lives and its version counter: what ``load_state_dict``,
-        ``param.copy_`` and other in-place updates of the parameters change."""
-        return tuple((p.data_ptr(), p._version) for p in self.model.parameters())
+        ``param.copy_`` and other in-place updates of the parameters change (only for a
+        model in this process)."""
+        worker = self.executor.local_worker if self.executor is not None else None
+        return worker.weights_fingerprint() if worker is not None else ()
 
     def reset_prefix_cache(self) -> int:
         """Forget every cached prefix block (their keys and values were computed with the
@@ -386,7 +413,10 @@ class LLM:
             max_num_batched_tokens=self.config.scheduler.max_num_batched_tokens,
             chunked_prefill=bool(self.config.scheduler.enable_chunked_prefill),
         )
-        base = seed if seed is not None else secrets.randbits(64)
+        base = seed if seed is not None else secrets.randbits(63)
+        if self.executor_kind == "external_launcher" and temperature > 0:
+            # every rank samples for itself: they must all draw from rank 0's seed
+            base = self._local_worker().broadcast_int(sequence_seed(base, -1))
         seqs = []
         for i, prompt in enumerate(prompts):
             generator = None
@@ -406,7 +436,7 @@ class LLM:
                     step = scheduler.schedule()
                     if not step.seqs:
                         continue  # everything that ran was preempted: schedule again
-                    logits, rows = self.runner.execute(step)
+                    logits, rows = self._execute(step)
                     scheduler.finish_step(step)
                     sampled = [s for s, r in zip(step.seqs, rows) if r >= 0]
                     tokens = iter(self._sample(logits, sampled, temperature))
@@ -438,6 +468,21 @@ class LLM:
         stats["generated_tokens"] += sum(s.num_generated for s in seqs)
         return [s.output for s in seqs]
 
+    def _local_worker(self) -> Any:
+        worker = self.executor.local_worker if self.executor is not None else None
+        if worker is None:
+            raise RuntimeError("this LLM was closed; build a new one")
+        return worker
+
+    def _execute(self, step: Any) -> tuple[torch.Tensor, list[int]]:
+        """Run ``step`` on every rank; rank 0's (or this rank's) logits and rows."""
+        if self.executor is None:
+            raise RuntimeError("this LLM was closed; build a new one")
+        if self.executor.local_worker is not None:
+            return self.executor.local_worker.execute(StepInput.from_step(step))
+        logits, rows = self.executor.run("execute_on_driver", StepInput.from_step(step))[0]
+        return logits, rows
+
     @staticmethod
     def _sample(logits: torch.Tensor, seqs: list[Seq], temperature: float) -> list[int]:
         if temperature == 0:
@@ -468,7 +513,7 @@ class LLM:
                 "attention_backend": self.attention_backend,
                 "compilation_level": int(cfg.compilation.level or 0),
                 "cudagraph_mode": str(cfg.compilation.cudagraph_mode),
-                "graphs_captured": len(self.captured),
+                "graphs_captured": self.graphs_captured,
                 "block_size": cfg.cache.block_size,
                 "cache_dtype": cfg.cache.cache_dtype,
                 "num_blocks": self.num_blocks,
@@ -476,6 +521,8 @@ class LLM:
                 "prefix_caching": bool(cfg.cache.enable_prefix_caching),
                 "chunked_prefill": bool(cfg.scheduler.enable_chunked_prefill),
                 "memory_in_use_bytes": max(self.memory.values()),
+                "tensor_parallel_size": self.tensor_parallel_size,
+                "executor": self.executor_kind,
                 **self._stats,
                 "prompt_tokens_per_s": self._stats["prompt_tokens"] / seconds if seconds else 0.0,
                 "generated_tokens_per_s": (

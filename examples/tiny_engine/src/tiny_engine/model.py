@@ -21,9 +21,75 @@ import torch
 from torch import nn
 
 from hwplug.attention import AttentionMetadata, unified_attention
+from hwplug.core import distributed
 from tiny_engine.checkpoint import CheckpointError, ModelSpec
 
-__all__ = ["CausalLM", "load_weights"]
+__all__ = ["CausalLM", "Sharding", "load_weights"]
+
+
+class Sharding:
+    """This rank's part of a tensor-parallel model (SPEC 14).
+
+    Attention heads are split across the ``size`` ranks (key/value heads
+    replicated when there are fewer of them than ranks), the q/k/v and
+    gate/up projections column-parallel, the output and down projections
+    row-parallel (one all-reduce each), the embedding and the output head
+    vocabulary-parallel (the vocabulary padded to a multiple of ``size``).
+    Collectives run through hwplug's ops on the communicator registered as
+    ``group``; with one rank there are none.
+    """
+
+    def __init__(self, spec: ModelSpec, rank: int = 0, size: int = 1, group: str = "tp") -> None:
+        self.rank, self.size, self.group = rank, size, group
+        problem = sharding_problem(spec, size)
+        if problem is not None:
+            raise CheckpointError(problem)
+        self.num_heads = spec.num_heads // size
+        if spec.num_kv_heads >= size:
+            self.num_kv_heads = spec.num_kv_heads // size
+            self.first_kv_head = rank * self.num_kv_heads
+        else:  # more ranks than key/value heads: each rank keeps one, shared by several
+            self.num_kv_heads = 1
+            self.first_kv_head = rank * spec.num_kv_heads // size
+        self.first_head = rank * self.num_heads
+        self.intermediate = spec.intermediate_size // size
+        self.padded_vocab = -(-spec.vocab_size // size) * size
+        self.vocab_per_rank = self.padded_vocab // size
+        self.first_token = rank * self.vocab_per_rank
+
+    @property
+    def parallel(self) -> bool:
+        return self.size > 1
+
+    def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
+        return distributed.all_reduce(x, self.group) if self.parallel else x
+
+    def all_gather(self, x: torch.Tensor) -> torch.Tensor:
+        return distributed.all_gather(x, -1, self.group) if self.parallel else x
+
+
+def sharding_problem(spec: ModelSpec, size: int) -> str | None:
+    """Why ``spec``'s model cannot be split over ``size`` tensor-parallel ranks, or None."""
+    if size == 1:
+        return None
+    where = f"parallel.tensor_parallel_size={size}"
+    if spec.num_heads % size:
+        return (
+            f"{where} does not divide the checkpoint's {spec.num_heads} attention heads; "
+            "use a size that does"
+        )
+    kv = spec.num_kv_heads
+    if kv % size and size % kv:
+        return (
+            f"{where} neither divides nor is a multiple of the checkpoint's {kv} key/value "
+            "heads; use a size that does one or the other"
+        )
+    if spec.intermediate_size % size:
+        return (
+            f"{where} does not divide the checkpoint's intermediate_size "
+            f"{spec.intermediate_size}; use a size that does"
+        )
+    return None
 
 
 class RMSNorm(nn.Module):
@@ -82,24 +148,33 @@ class SelfAttention(nn.Module):
     k_scale: torch.Tensor
     v_scale: torch.Tensor
 
-    def __init__(self, spec: ModelSpec, layer_index: int, rotary: Rotary, backend: str) -> None:
+    def __init__(
+        self,
+        spec: ModelSpec,
+        layer_index: int,
+        rotary: Rotary,
+        backend: str,
+        shard: Sharding | None = None,
+    ) -> None:
         super().__init__()
-        self.num_heads = spec.num_heads
-        self.num_kv_heads = spec.num_kv_heads
+        shard = shard or Sharding(spec)
+        self.shard = shard
+        self.num_heads = shard.num_heads
+        self.num_kv_heads = shard.num_kv_heads
         self.head_dim = spec.head_dim
         self.scale = spec.head_dim**-0.5
-        self.q_size = spec.num_heads * spec.head_dim
-        self.kv_size = spec.num_kv_heads * spec.head_dim
+        self.q_size = self.num_heads * spec.head_dim
+        self.kv_size = self.num_kv_heads * spec.head_dim
         self.qkv_proj = nn.Linear(
             spec.hidden_size, self.q_size + 2 * self.kv_size, bias=spec.qkv_bias
         )
-        self.o_proj = nn.Linear(self.q_size, spec.hidden_size, bias=spec.o_bias)
+        self.o_proj = RowParallelLinear(self.q_size, spec.hidden_size, spec.o_bias, shard)
         self.q_norm = RMSNorm(spec.head_dim, spec.rms_norm_eps) if spec.qk_norm else None
         self.k_norm = RMSNorm(spec.head_dim, spec.rms_norm_eps) if spec.qk_norm else None
         self.rotary = rotary
         self.backend = backend
         self.sliding_window = spec.sliding_windows[layer_index]
-        empty = torch.empty(0, 1, spec.num_kv_heads, spec.head_dim)
+        empty = torch.empty(0, 1, self.num_kv_heads, spec.head_dim)
         self.register_buffer("key_cache", empty, persistent=False)
         self.register_buffer("value_cache", empty.clone(), persistent=False)
         self.register_buffer("k_scale", torch.ones((), dtype=torch.float32), persistent=False)
@@ -151,26 +226,69 @@ class SelfAttention(nn.Module):
 class MLP(nn.Module):
     """SwiGLU: ``down(silu(gate(x)) * up(x))`` with gate and up fused."""
 
-    def __init__(self, spec: ModelSpec) -> None:
+    def __init__(self, spec: ModelSpec, shard: Sharding | None = None) -> None:
         super().__init__()
-        self.intermediate = spec.intermediate_size
-        self.gate_up_proj = nn.Linear(
-            spec.hidden_size, 2 * spec.intermediate_size, bias=spec.mlp_bias
+        shard = shard or Sharding(spec)
+        self.intermediate = shard.intermediate
+        self.gate_up_proj = nn.Linear(spec.hidden_size, 2 * self.intermediate, bias=spec.mlp_bias)
+        self.down_proj = RowParallelLinear(
+            self.intermediate, spec.hidden_size, spec.mlp_bias, shard
         )
-        self.down_proj = nn.Linear(spec.intermediate_size, spec.hidden_size, bias=spec.mlp_bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up_proj(x).split(self.intermediate, dim=-1)
         return self.down_proj(nn.functional.silu(gate) * up)
 
 
+class RowParallelLinear(nn.Linear):
+    """A linear layer whose input features are split across the ranks: each rank
+    multiplies its part, the partial results are summed (one all-reduce), then
+    the bias is added. With one rank it is ``nn.Linear``."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool, shard: Sharding) -> None:
+        super().__init__(in_features, out_features, bias=bias)
+        self.shard = shard
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.shard.parallel:
+            return super().forward(x)
+        out = self.shard.all_reduce(nn.functional.linear(x, self.weight))
+        return out if self.bias is None else out + self.bias
+
+
+class VocabEmbedding(nn.Embedding):
+    """The token embedding, its rows split across the ranks (the vocabulary padded
+    to a multiple of their number): each rank looks up the tokens it holds, the
+    others give zeros, and one all-reduce sums them."""
+
+    def __init__(self, spec: ModelSpec, shard: Sharding) -> None:
+        super().__init__(shard.vocab_per_rank, spec.hidden_size)
+        self.shard = shard
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        shard = self.shard
+        if not shard.parallel:
+            return super().forward(ids)
+        local = ids - shard.first_token
+        held = (local >= 0) & (local < shard.vocab_per_rank)
+        rows = nn.functional.embedding(local.clamp(0, shard.vocab_per_rank - 1), self.weight)
+        return shard.all_reduce(rows * held.unsqueeze(-1).to(rows.dtype))
+
+
 class DecoderLayer(nn.Module):
-    def __init__(self, spec: ModelSpec, index: int, rotary: Rotary, backend: str) -> None:
+    def __init__(
+        self,
+        spec: ModelSpec,
+        index: int,
+        rotary: Rotary,
+        backend: str,
+        shard: Sharding | None = None,
+    ) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
-        self.self_attn = SelfAttention(spec, index, rotary, backend)
+        self.self_attn = SelfAttention(spec, index, rotary, backend, shard)
         self.post_attention_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
-        self.mlp = MLP(spec)
+        self.mlp = MLP(spec, shard)
 
     def forward(
         self, positions: torch.Tensor, x: torch.Tensor, metadata: AttentionMetadata
@@ -182,20 +300,25 @@ class DecoderLayer(nn.Module):
 class CausalLM(nn.Module):
     """Embedding, decoder layers, final norm; :meth:`logits` applies the LM head.
 
-    ``backend`` is the hwplug attention backend every layer runs.
+    ``backend`` is the hwplug attention backend every layer runs; ``shard`` this
+    rank's part of a tensor-parallel model (default: the whole model).
     """
 
-    def __init__(self, spec: ModelSpec, backend: str, max_positions: int) -> None:
+    def __init__(
+        self, spec: ModelSpec, backend: str, max_positions: int, shard: Sharding | None = None
+    ) -> None:
         super().__init__()
+        shard = shard or Sharding(spec)
         self.spec = spec
-        self.embed_tokens = nn.Embedding(spec.vocab_size, spec.hidden_size)
+        self.shard = shard
+        self.embed_tokens = VocabEmbedding(spec, shard)
         # One rotary table shared by every layer (not a parameter: no weight in checkpoints).
         rotary = Rotary(spec, max_positions)
-        layers = [DecoderLayer(spec, i, rotary, backend) for i in range(spec.num_layers)]
+        layers = [DecoderLayer(spec, i, rotary, backend, shard) for i in range(spec.num_layers)]
         self.layers = nn.ModuleList(layers)
         self._attention = [layer.self_attn for layer in layers]
         self.norm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
-        self.lm_head = nn.Linear(spec.hidden_size, spec.vocab_size, bias=False)
+        self.lm_head = nn.Linear(spec.hidden_size, shard.vocab_per_rank, bias=False)
 
     def forward(
         self,
@@ -221,8 +344,12 @@ class CausalLM(nn.Module):
         return list(self._attention)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """float32 logits ``[rows, vocab_size]`` of the given hidden states."""
-        return self.lm_head(hidden).float()
+        """float32 logits ``[rows, vocab_size]`` of the given hidden states (every rank
+        gathers the whole vocabulary)."""
+        local = self.lm_head(hidden).float()
+        if not self.shard.parallel:
+            return local
+        return self.shard.all_gather(local)[:, : self.spec.vocab_size]
 
 
 def _target(name: str, spec: ModelSpec) -> tuple[str, int | None] | None:
@@ -248,21 +375,24 @@ def _target(name: str, spec: ModelSpec) -> tuple[str, int | None] | None:
 def load_weights(
     model: CausalLM, weights: Iterable[tuple[str, torch.Tensor] | tuple[str, torch.Tensor, Path]]
 ) -> None:
-    """Copy checkpoint tensors into ``model`` (fusing q/k/v and gate/up), in its dtype.
+    """Copy checkpoint tensors into ``model`` (fusing q/k/v and gate/up), in its dtype;
+    a tensor-parallel rank keeps its own part of each (see :class:`Sharding`).
 
     ``weights`` yields ``(name, tensor)`` or ``(name, tensor, file)``; errors name the
     file when it is given (else the checkpoint directory).
 
-    :raises CheckpointError: a tensor the model lacks, a shape mismatch, or a
-        parameter the checkpoint does not provide (``lm_head`` may come from
-        the tied embedding).
+    :raises CheckpointError: a tensor the model lacks, a shape that contradicts
+        ``config.json``, a dtype that is not a float, or a parameter the checkpoint
+        does not provide (``lm_head`` may come from the tied embedding).
     """
-    spec = model.spec
+    spec, shard = model.spec, model.shard
     params = dict(model.named_parameters())
     loaded: dict[str, set[int | None]] = {}
-    q, kv = spec.num_heads * spec.head_dim, spec.num_kv_heads * spec.head_dim
-    qkv_rows = {0: (0, q), 1: (q, q + kv), 2: (q + kv, q + 2 * kv)}
-    inter = spec.intermediate_size
+    d = spec.head_dim
+    q_local, kv_local = shard.num_heads * d, shard.num_kv_heads * d
+    qkv_rows = {0: (0, q_local), 1: (q_local, q_local + kv_local)}
+    qkv_rows[2] = (q_local + kv_local, q_local + 2 * kv_local)
+    inter = shard.intermediate
     gate_up_rows = {0: (0, inter), 1: (inter, 2 * inter)}
     with torch.no_grad():
         for item in weights:
@@ -287,12 +417,13 @@ def load_weights(
                     f"{where}: checkpoint tensor {name!r} is {tensor.dtype}; weights "
                     "must be 16- or 32-bit floats"
                 )
-            if tuple(dest.shape) != tuple(tensor.shape):
+            full = _full_shape(pname, slot, dest, spec)
+            if tuple(tensor.shape) != full:
                 raise CheckpointError(
                     f"{where}: checkpoint tensor {name!r} has shape {tuple(tensor.shape)}, "
-                    f"config.json implies {tuple(dest.shape)}"
+                    f"config.json implies {full}"
                 )
-            dest.copy_(tensor.to(dest.dtype))
+            dest.copy_(_local_part(pname, slot, tensor, shard, spec).to(dest.dtype))
             loaded.setdefault(pname, set()).add(slot)
         if "lm_head.weight" not in loaded and spec.tie_word_embeddings:
             model.lm_head.weight = cast(nn.Parameter, model.embed_tokens.weight)
@@ -308,3 +439,50 @@ def load_weights(
             f"{spec.path}: the checkpoint lacks {len(missing)} weight(s) the model needs, "
             f"such as {missing[0]!r}"
         )
+
+
+def _full_shape(
+    pname: str, slot: int | None, dest: torch.Tensor, spec: ModelSpec
+) -> tuple[int, ...]:
+    """The shape ``config.json`` implies for the checkpoint tensor that fills ``dest``."""
+    d, hidden = spec.head_dim, spec.hidden_size
+    tail = tuple(dest.shape[1:])
+    if "qkv_proj" in pname:
+        heads = spec.num_heads if slot == 0 else spec.num_kv_heads
+        return (heads * d, *tail)
+    if "gate_up_proj" in pname:
+        return (spec.intermediate_size, *tail)
+    if pname.endswith("o_proj.weight"):
+        return (hidden, spec.num_heads * d)
+    if pname.endswith("down_proj.weight"):
+        return (hidden, spec.intermediate_size)
+    if pname in ("embed_tokens.weight", "lm_head.weight"):
+        return (spec.vocab_size, hidden)
+    return tuple(dest.shape)
+
+
+def _local_part(
+    pname: str, slot: int | None, tensor: torch.Tensor, shard: Sharding, spec: ModelSpec
+) -> torch.Tensor:
+    """This rank's part of a whole checkpoint tensor (all of it with one rank)."""
+    if not shard.parallel:
+        return tensor
+    d = spec.head_dim
+    if "qkv_proj" in pname:
+        if slot == 0:
+            return tensor[shard.first_head * d : (shard.first_head + shard.num_heads) * d]
+        first = shard.first_kv_head * d
+        return tensor[first : first + shard.num_kv_heads * d]
+    if "gate_up_proj" in pname:
+        return tensor[shard.rank * shard.intermediate : (shard.rank + 1) * shard.intermediate]
+    if pname.endswith("o_proj.weight"):
+        return tensor[:, shard.first_head * d : (shard.first_head + shard.num_heads) * d]
+    if pname.endswith("down_proj.weight"):
+        return tensor[:, shard.rank * shard.intermediate : (shard.rank + 1) * shard.intermediate]
+    if pname in ("embed_tokens.weight", "lm_head.weight"):
+        rows = tensor[shard.first_token : shard.first_token + shard.vocab_per_rank]
+        if rows.shape[0] < shard.vocab_per_rank:  # the padding past the vocabulary
+            pad = rows.new_zeros(shard.vocab_per_rank - rows.shape[0], rows.shape[1])
+            rows = torch.cat([rows, pad])
+        return rows
+    return tensor

@@ -15,6 +15,7 @@ the whole (compiled) model in the platform's graph wrapper.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -36,7 +37,39 @@ from hwplug.core.platform import Platform
 from tiny_engine.model import CausalLM
 from tiny_engine.scheduler import Step
 
-__all__ = ["ModelRunner"]
+__all__ = ["ModelRunner", "StepInput"]
+
+
+@dataclasses.dataclass(frozen=True)
+class StepInput:
+    """What a rank needs of one scheduled step, as plain (picklable) lists.
+
+    Per sequence, in batch order: the tokens it computes this step, the
+    position of the first of them, its KV blocks, and whether the step ends
+    its known tokens (its last row is sampled).
+    """
+
+    tokens: list[list[int]]
+    starts: list[int]
+    blocks: list[list[int]]
+    sample: list[bool]
+
+    @classmethod
+    def from_step(cls, step: Step) -> StepInput:
+        tokens, starts, blocks, sample = [], [], [], []
+        for seq, n in zip(step.seqs, step.num_new):
+            first = seq.num_computed
+            tokens.append(seq.tokens[first : first + n])
+            starts.append(first)
+            blocks.append(list(seq.blocks))
+            sample.append(first + n == len(seq.tokens))
+        return cls(tokens, starts, blocks, sample)
+
+    @property
+    def is_uniform_decode(self) -> bool:
+        """Every sequence computes exactly one token (a pure decode batch)."""
+        return all(len(t) == 1 for t in self.tokens)
+
 
 logger = logging.getLogger("tiny_engine")
 
@@ -155,7 +188,7 @@ class ModelRunner:
         return min(padded, self.max_num_seqs)
 
     def prepare(
-        self, step: Step
+        self, step: StepInput
     ) -> tuple[CUDAGraphMode, BatchDescriptor, tuple[torch.Tensor, ...], Any, list[int]]:
         """Write ``step``'s inputs into the buffers and prepare its attention.
 
@@ -169,21 +202,18 @@ class ModelRunner:
         query_lens: list[int] = []
         lens: list[int] = []
         rows: list[int] = []
-        tables: list[list[int]] = []
         size = self.block_size
         num_tokens = 0
-        for seq, n in zip(step.seqs, step.num_new):
-            first = seq.num_computed
+        for new, first, blocks, sample in zip(step.tokens, step.starts, step.blocks, step.sample):
+            n = len(new)
             end = first + n
-            ids.extend(seq.tokens[first:end])
+            ids.extend(new)
             positions.extend(range(first, end))
-            blocks = seq.blocks
             slots.extend(blocks[p // size] * size + p % size for p in range(first, end))
             num_tokens += n
             query_lens.append(n)
             lens.append(end)
-            tables.append(blocks)
-            rows.append(num_tokens - 1 if end == len(seq.tokens) else -1)
+            rows.append(num_tokens - 1 if sample else -1)
         if self.eager_steps:
             mode, key = CUDAGraphMode.NONE, BatchDescriptor(num_tokens)
         else:
@@ -191,7 +221,7 @@ class ModelRunner:
                 BatchDescriptor(num_tokens, step.is_uniform_decode)
             )
         padded = key.num_tokens if mode is not CUDAGraphMode.NONE else num_tokens
-        num_seqs = len(step.seqs)
+        num_seqs = len(step.tokens)
         batch = self._graph_batch(padded) if mode is CUDAGraphMode.FULL else num_seqs
         pad, extra = padded - num_tokens, batch - num_seqs
         args, prepared = self._step_inputs(
@@ -199,7 +229,7 @@ class ModelRunner:
             positions + [0] * pad,
             query_lens + [0] * extra,
             lens + [0] * extra,
-            tables + [[]] * extra,
+            list(step.blocks) + [[]] * extra,
             slots + [-1] * pad,
         )
         return mode, key, args, prepared, rows
@@ -243,9 +273,11 @@ class ModelRunner:
                 return self.full_graph(*args)
             return self.compiled(*args)
 
-    def execute(self, step: Step) -> tuple[torch.Tensor, list[int]]:
+    def execute(self, step: StepInput | Step) -> tuple[torch.Tensor, list[int]]:
         """Run ``step``; returns float32 logits of the sampled rows and, per sequence,
         its row in them (-1: nothing to sample)."""
+        if isinstance(step, Step):
+            step = StepInput.from_step(step)
         mode, key, args, prepared, rows = self.prepare(step)
         with forward_context(prepared):
             hidden = self.forward(mode, key, args)

@@ -1,0 +1,463 @@
+"""How an engine's ranks are started and called: ``uni``, ``mp``, ``ray``, ``external_launcher``.
+
+``parallel.distributed_executor_backend`` (resolved by the platform) names
+the executor (SPEC 14). The driver calls every rank's :class:`Worker` method
+through :meth:`Executor.run` with picklable arguments and gets each rank's
+result back in rank order. A rank that raises or dies makes the call raise
+``RuntimeError`` naming the rank and its error, and the executor shuts the
+other ranks down: no process is left behind.
+
+- ``uni``: one worker in this process (world size 1).
+- ``mp``: one spawned process per rank on this host (``torch.multiprocessing``,
+  the ``spawn`` start method); the ranks meet over TCP on a free local port.
+- ``ray``: one Ray actor per rank in a placement group of bundles
+  ``{platform.ray_device_key: 1}`` (``{"CPU": 1}`` where the key is empty);
+  ``ray.init()`` joins the cluster of ``RAY_ADDRESS`` when it is set, else
+  starts a local one. The ranks meet at rank 0's node.
+- ``external_launcher``: this process is one rank of a job a launcher started
+  (``torchrun``): rank and world from ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``,
+  ``MASTER_ADDR`` and ``MASTER_PORT``. Every rank runs the same program, with
+  the same scheduling and sampling, and returns the same outputs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import socket
+import threading
+import traceback
+from multiprocessing.connection import Connection, wait
+from typing import Any
+
+from hwplug import ConfigError
+from tiny_engine.worker import Worker, WorkerSpec
+
+__all__ = ["EXECUTORS", "Executor", "make_executor"]
+
+EXECUTORS = ("uni", "mp", "ray", "external_launcher")
+
+_SHUTDOWN_SECONDS = 10.0
+"""How long a rank may take to leave before it is terminated, then killed."""
+
+
+class Executor:
+    """Calls the ranks' workers; ``local_worker`` is the one in this process, if any."""
+
+    kind = ""
+    world_size = 1
+    local_worker: Worker | None = None
+
+    def run(self, method: str, *args: Any) -> list[Any]:
+        """``method(*args)`` on every rank's worker; the results in rank order (only this
+        rank's under an external launcher).
+
+        :raises RuntimeError: a rank raised or died (naming the rank); the ranks were
+            shut down.
+        """
+        raise NotImplementedError
+
+    def shutdown(self) -> None:
+        """Stop every rank (idempotent)."""
+
+    def __del__(self) -> None:
+        with contextlib.suppress(Exception):
+            self.shutdown()
+
+
+class UniExecutor(Executor):
+    """One worker, in this process."""
+
+    kind = "uni"
+
+    def __init__(self, spec: WorkerSpec) -> None:
+        self.local_worker = Worker(spec)
+
+    def run(self, method: str, *args: Any) -> list[Any]:
+        assert self.local_worker is not None
+        return [getattr(self.local_worker, method)(*args)]
+
+    def shutdown(self) -> None:
+        if self.local_worker is not None:
+            self.local_worker.shutdown()
+
+
+class ExternalLauncherExecutor(UniExecutor):
+    """This process is one rank of a job started by ``torchrun`` (or alike)."""
+
+    kind = "external_launcher"
+
+    def __init__(self, spec: WorkerSpec) -> None:
+        env = _launcher_environment(spec.world_size)
+        self.world_size = spec.world_size
+        self.rank = env["rank"]
+        spec = dataclasses.replace(
+            spec, rank=env["rank"], local_rank=env["local_rank"], init_method="env://"
+        )
+        super().__init__(spec)
+
+
+def _launcher_environment(world_size: int) -> dict[str, int]:
+    names = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+    missing = [n for n in names if not os.environ.get(n)]
+    if missing:
+        raise ConfigError(
+            "parallel.distributed_executor_backend='external_launcher' runs under a launcher "
+            f"such as torchrun, which sets {', '.join(names)}; {', '.join(missing)} "
+            "is not set (run: torchrun --nproc-per-node N -m tiny_engine ...)"
+        )
+    values: dict[str, int] = {}
+    for key, name in (("rank", "RANK"), ("world", "WORLD_SIZE"), ("local_rank", "LOCAL_RANK")):
+        try:
+            values[key] = int(os.environ[name])
+        except ValueError:
+            raise ConfigError(f"{name}={os.environ[name]!r} is not an integer") from None
+    if values["world"] != world_size:
+        raise ConfigError(
+            f"the launcher started WORLD_SIZE={values['world']} ranks, but "
+            f"parallel.world_size is {world_size} (tensor_parallel_size); start as many "
+            "ranks as the engine has"
+        )
+    return values
+
+
+# -- mp ------------------------------------------------------------------------------------
+
+
+def _free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def _watch_parent(parent: int) -> None:
+    """End this process when the driver is gone (so no rank outlives it)."""
+    import time
+
+    while True:
+        time.sleep(0.5)
+        if os.getppid() != parent:
+            os._exit(1)
+
+
+def _mp_main(conn: Connection, spec: WorkerSpec, env: dict[str, str], parent: int) -> None:
+    """A spawned rank: build the worker, then serve the driver's calls until told to stop."""
+    os.environ.update(env)
+    threading.Thread(target=_watch_parent, args=(parent,), daemon=True).start()
+    worker: Worker | None = None
+    while True:
+        try:
+            method, args = conn.recv()
+        except (EOFError, OSError):  # the driver is gone
+            break
+        if method == "__exit__":
+            break
+        try:
+            if method == "__init__":
+                worker = Worker(spec)
+                result: Any = spec.rank
+            else:
+                assert worker is not None
+                result = getattr(worker, method)(*args)
+            conn.send(("ok", result))
+        except BaseException as exc:  # reported to the driver, which names this rank
+            text = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+            with contextlib.suppress(Exception):
+                conn.send(("error", text))
+            if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+                break
+    if worker is not None:
+        with contextlib.suppress(Exception):
+            worker.shutdown()
+
+
+class MultiprocExecutor(Executor):
+    """One spawned process per rank on this host."""
+
+    kind = "mp"
+
+    def __init__(self, spec: WorkerSpec) -> None:
+        import torch.multiprocessing as mp
+
+        self.world_size = spec.world_size
+        ctx = mp.get_context("spawn")
+        init = f"tcp://127.0.0.1:{_free_port()}"
+        env = _child_environment(spec)
+        self.conns: list[Connection] = []
+        self.procs: list[Any] = []
+        self._closed = False
+        for rank in range(spec.world_size):
+            parent_end, child_end = ctx.Pipe()
+            rank_spec = dataclasses.replace(spec, rank=rank, local_rank=rank, init_method=init)
+            proc = ctx.Process(
+                target=_mp_main,
+                args=(child_end, rank_spec, env, os.getpid()),
+                name=f"tiny_engine-rank{rank}",
+                daemon=True,
+            )
+            with _main_module_not_rerun():
+                proc.start()
+            child_end.close()
+            self.conns.append(parent_end)
+            self.procs.append(proc)
+        self.run("__init__")
+
+    @property
+    def pids(self) -> list[int]:
+        """The ranks' process ids."""
+        return [int(p.pid) for p in self.procs]
+
+    def run(self, method: str, *args: Any) -> list[Any]:
+        if self._closed:
+            raise RuntimeError("the engine's ranks were shut down; build a new LLM")
+        for rank, conn in enumerate(self.conns):
+            try:
+                conn.send((method, args))
+            except (BrokenPipeError, OSError):
+                self._fail(rank, self._death(rank))
+        results: dict[int, Any] = {}
+        pending = dict(enumerate(self.conns))
+        sentinels = {self.procs[r].sentinel: r for r in pending}
+        while pending:
+            ready = wait([*pending.values(), *(s for s, r in sentinels.items() if r in pending)])
+            for item in ready:
+                rank = next((r for r, c in pending.items() if c is item), None)
+                if rank is not None:
+                    try:
+                        status, value = item.recv()  # type: ignore[union-attr]
+                    except (EOFError, OSError):
+                        self._fail(rank, self._death(rank))
+                    if status == "error":
+                        self._fail(rank, f"raised {value}")
+                    results[rank] = value
+                    del pending[rank]
+                    continue
+                died = sentinels[item]  # type: ignore[index]
+                if died in pending and not pending[died].poll():
+                    self._fail(died, self._death(died))
+        return [results[r] for r in range(self.world_size)]
+
+    def _death(self, rank: int) -> str:
+        proc = self.procs[rank]
+        proc.join(1.0)
+        code = proc.exitcode
+        how = f"exit code {code}" if code is None or code >= 0 else f"signal {-code}"
+        return f"died ({how}; pid {proc.pid})"
+
+    def _fail(self, rank: int, what: str) -> None:
+        self.shutdown()
+        raise RuntimeError(
+            f"tensor-parallel rank {rank} of {self.world_size} ({self.kind} executor) {what}; "
+            "the other ranks were shut down"
+        )
+
+    def shutdown(self) -> None:
+        if getattr(self, "_closed", True):
+            return
+        self._closed = True
+        for conn in self.conns:
+            with contextlib.suppress(Exception):
+                conn.send(("__exit__", ()))
+        for proc in self.procs:
+            proc.join(_SHUTDOWN_SECONDS / 2)
+        for proc in self.procs:
+            if proc.is_alive():
+                proc.terminate()
+                proc.join(_SHUTDOWN_SECONDS / 2)
+            if proc.is_alive():
+                proc.kill()
+                proc.join()
+        for conn in self.conns:
+            with contextlib.suppress(Exception):
+                conn.close()
+
+
+@contextlib.contextmanager
+def _main_module_not_rerun() -> Any:
+    """Start a spawned rank without running the driver's main script again in it.
+
+    ``spawn`` re-imports the parent's ``__main__`` in each child (by path or by
+    module name), which runs an unguarded script's engine construction again. A
+    rank needs nothing from the script (its target and arguments come from
+    importable modules), so the script is hidden from the preparation data while
+    the process starts.
+    """
+    import sys
+
+    main = sys.modules.get("__main__")
+    if main is None:
+        yield
+        return
+    saved = {
+        name: main.__dict__[name] for name in ("__file__", "__spec__") if name in main.__dict__
+    }
+    main.__dict__.pop("__file__", None)
+    main.__dict__["__spec__"] = None
+    try:
+        yield
+    finally:
+        main.__dict__.pop("__spec__", None)
+        main.__dict__.update(saved)
+
+
+def _child_environment(spec: WorkerSpec) -> dict[str, str]:
+    """What a rank process must see: the same platform as the driver."""
+    plat = spec.platform
+    env = {"HWPLUG_PLATFORM": plat.name}
+    if plat.simulated and plat.profile:
+        env = {"HWPLUG_SIMULATE": plat.profile}
+    return env
+
+
+# -- ray -----------------------------------------------------------------------------------
+
+
+class RayExecutor(Executor):
+    """One Ray actor per rank, placed by a placement group."""
+
+    kind = "ray"
+
+    def __init__(self, spec: WorkerSpec) -> None:
+        try:
+            import ray
+        except ImportError:
+            raise ConfigError(
+                "parallel.distributed_executor_backend='ray' needs Ray: pip install "
+                "'tiny-engine[ray]' (or pip install ray)"
+            ) from None
+        from ray.util.placement_group import placement_group, remove_placement_group
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        self._ray = ray
+        self._remove = remove_placement_group
+        self.world_size = spec.world_size
+        self._closed = False
+        self.actors: list[Any] = []
+        self.group: Any = None
+        if not ray.is_initialized():
+            address = os.environ.get("RAY_ADDRESS") or None
+            ray.init(address=address, ignore_reinit_error=True, log_to_driver=False)
+        key = spec.platform.ray_device_key or "CPU"
+        self.group = placement_group([{key: 1}] * spec.world_size, strategy="PACK")
+        try:
+            ray.get(self.group.ready(), timeout=120)
+        except Exception as exc:
+            self.shutdown()
+            raise RuntimeError(
+                f"Ray could not place {spec.world_size} ranks with {{{key!r}: 1}} each within "
+                f"120 s ({exc}); the cluster has {ray.cluster_resources()}"
+            ) from exc
+        env = _child_environment(spec)
+        options: dict[str, Any] = {"num_cpus": 1} if key == "CPU" else {"num_cpus": 0}
+        if key != "CPU":
+            options["resources"] = {key: 1}
+        actor_cls = ray.remote(_RayRank)
+        for rank in range(spec.world_size):
+            strategy = PlacementGroupSchedulingStrategy(
+                placement_group=self.group, placement_group_bundle_index=rank
+            )
+            self.actors.append(
+                actor_cls.options(
+                    scheduling_strategy=strategy, runtime_env={"env_vars": env}, **options
+                ).remote()
+            )
+        host, port = self._get([self.actors[0].address.remote()])[0]
+        init = f"tcp://{host}:{port}"
+        ranks = [
+            dataclasses.replace(spec, rank=r, init_method=init) for r in range(self.world_size)
+        ]
+        self._get([actor.start.remote(s) for actor, s in zip(self.actors, ranks)])
+
+    def run(self, method: str, *args: Any) -> list[Any]:
+        if self._closed:
+            raise RuntimeError("the engine's ranks were shut down; build a new LLM")
+        return self._get([actor.call.remote(method, *args) for actor in self.actors])
+
+    def _get(self, refs: list[Any]) -> list[Any]:
+        ray = self._ray
+        index = {ref: rank for rank, ref in enumerate(refs)}
+        pending = list(refs)
+        while pending:
+            done, pending = ray.wait(pending, num_returns=1)
+            try:
+                ray.get(done[0])
+            except Exception as exc:
+                rank = index[done[0]]
+                self.shutdown()
+                what = _ray_error(exc)
+                raise RuntimeError(
+                    f"tensor-parallel rank {rank} of {self.world_size} (ray executor) {what}; "
+                    "the other ranks were shut down"
+                ) from None
+        return ray.get(refs)
+
+    def shutdown(self) -> None:
+        if getattr(self, "_closed", True):
+            return
+        self._closed = True
+        ray = self._ray
+        for actor in self.actors:
+            with contextlib.suppress(Exception):
+                ray.kill(actor)
+        if self.group is not None:
+            with contextlib.suppress(Exception):
+                self._remove(self.group)
+
+
+def _ray_error(exc: BaseException) -> str:
+    name = type(exc).__name__
+    if "ActorDied" in name or "ActorError" in name or "ActorUnavailable" in name:
+        return f"died ({name})"
+    cause = getattr(exc, "cause", None)
+    if cause is not None:
+        text = "".join(traceback.format_exception_only(type(cause), cause)).strip()
+        return f"raised {text}"
+    return f"raised {name}: {str(exc).splitlines()[0] if str(exc) else ''}"
+
+
+class _RayRank:
+    """A Ray actor holding one rank's worker."""
+
+    def __init__(self) -> None:
+        self.worker: Worker | None = None
+
+    def address(self) -> tuple[str, int]:
+        import ray
+
+        host = ray.util.get_node_ip_address()
+        return host, _free_port(host)
+
+    def start(self, spec: WorkerSpec) -> int:
+        self.worker = Worker(spec)
+        return spec.rank
+
+    def call(self, method: str, *args: Any) -> Any:
+        assert self.worker is not None
+        return getattr(self.worker, method)(*args)
+
+
+def make_executor(kind: str, spec: WorkerSpec) -> Executor:
+    """The executor called ``kind``, its ranks started.
+
+    :raises ConfigError: an unknown kind, ``uni`` for several ranks, a launcher's
+        environment missing, or Ray not installed.
+    """
+    if kind == "uni":
+        if spec.world_size != 1:
+            raise ConfigError(
+                f"parallel.distributed_executor_backend='uni' runs one process, but the engine "
+                f"has {spec.world_size} ranks (parallel.tensor_parallel_size); use 'mp', "
+                "'ray' or 'external_launcher'"
+            )
+        return UniExecutor(spec)
+    if kind == "mp":
+        return MultiprocExecutor(spec)
+    if kind == "ray":
+        return RayExecutor(spec)
+    if kind == "external_launcher":
+        return ExternalLauncherExecutor(spec)
+    raise ConfigError(
+        f"parallel.distributed_executor_backend={kind!r} is not an executor tiny_engine "
+        f"runs; choose one of: {', '.join(EXECUTORS)}"
+    )

@@ -1,0 +1,203 @@
+"""One rank of an engine: its part of the model, its KV cache, its runner.
+
+The driver (:class:`tiny_engine.LLM`) schedules and samples; a :class:`Worker`
+holds what lives on a device. With one device the worker runs in the
+driver's process (executor ``uni``); with tensor parallelism there is one per
+rank, in spawned processes (``mp``), Ray actors (``ray``) or the processes a
+launcher such as ``torchrun`` started (``external_launcher``). Every rank
+runs the same calls in the same order, so their collectives meet; each
+method's arguments and results are picklable.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+import hwplug
+from hwplug.core import distributed
+from hwplug.core.config import EngineConfig
+from hwplug.core.kv_cache import STR_DTYPE_TO_TORCH_DTYPE, cache_dtype_to_torch
+from hwplug.core.platform import Platform
+from tiny_engine.checkpoint import iter_weights, read_checkpoint
+from tiny_engine.model import CausalLM, Sharding, load_weights
+from tiny_engine.runner import ModelRunner, StepInput
+
+__all__ = ["Worker", "WorkerSpec"]
+
+_FP8 = ("fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc")
+
+TP_GROUP = "tp"
+"""The name the tensor-parallel communicator is registered under (hwplug's collective ops)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkerSpec:
+    """What a rank needs to build itself (picklable)."""
+
+    checkpoint: Path
+    config: EngineConfig
+    platform: Platform
+    attention_backend: str
+    device: str | None = None
+    """A torch device for the tensors; None: the platform's device of the local rank."""
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+    init_method: str = "env://"
+    """Where the ranks meet (``tcp://host:port``, or ``env://`` under a launcher)."""
+
+
+class Worker:
+    """One rank: builds its part of the model, profiles it, holds its cache, runs steps."""
+
+    def __init__(self, spec: WorkerSpec) -> None:
+        self.spec = spec
+        self.platform = spec.platform
+        self.config = spec.config
+        self.model_spec = read_checkpoint(spec.checkpoint)
+        self.rank, self.world_size = spec.rank, spec.world_size
+        plat = self.platform
+        if spec.device is not None:
+            self.device = torch.device(spec.device)
+        else:
+            self.device = plat.torch_device(0 if plat.device_type == "cpu" else spec.local_rank)
+        self.live = not plat.simulated and self.device.type == plat.device_type
+        if self.world_size > 1:
+            group = plat.init_distributed(
+                spec.rank,
+                spec.world_size,
+                local_rank=spec.local_rank,
+                init_method=spec.init_method,
+            )
+            self.communicator = plat.device_communicator(group)
+            distributed.register_communicator(TP_GROUP, self.communicator)
+        elif self.live:
+            plat.set_device(spec.local_rank)
+        self.dtype = STR_DTYPE_TO_TORCH_DTYPE[self.config.model.dtype]
+        self.cache_dtype = cache_dtype_to_torch(
+            self.config.cache.cache_dtype, self.config.model.dtype, plat
+        )
+        self.model: CausalLM | None = None
+        self.runner: ModelRunner | None = None
+        self.memory: dict[str, int] = {}
+        self.captured: list[Any] = []
+        self.compile_seconds = 0.0
+
+    # -- building -------------------------------------------------------------------------
+    def load(self) -> dict[str, int]:
+        """Build this rank's part of the model, load its weights and profile the largest
+        step on a one-block cache; returns the memory in use (the most over the ranks)."""
+        cfg, spec, plat = self.config, self.model_spec, self.platform
+        with hwplug.use_platform(plat), torch.inference_mode():
+            if self.live:
+                plat.seed_everything(0)
+            shard = Sharding(spec, self.rank, self.world_size, TP_GROUP)
+            default_dtype = torch.get_default_dtype()
+            torch.set_default_dtype(self.dtype)
+            try:
+                # Normal tensors, not inference tensors: a user's later in-place update of a
+                # weight works outside inference_mode too, and bumps its version counter.
+                with torch.inference_mode(False), torch.no_grad(), torch.device(self.device):
+                    self.model = CausalLM(
+                        spec, self.spec.attention_backend, cfg.model.max_model_len, shard
+                    )
+                    load_weights(self.model, iter_weights(spec.path))
+            finally:
+                torch.set_default_dtype(default_dtype)
+            self.model.eval().requires_grad_(False)
+            self.memory["after_load"] = self._memory_in_use()
+            block_size = int(cfg.cache.block_size or 16)
+            self.allocate_cache(1, block_size)
+            runner = ModelRunner(self.model, cfg, plat, self.device, compile_model=False)
+            runner.profile_run(cfg.scheduler.max_num_batched_tokens)
+            self.memory["after_profile"] = self._memory_in_use()
+        return self._most_over_ranks(self.memory)
+
+    def allocate_cache(self, blocks: int, block_size: int) -> None:
+        """One key and one value cache per layer, ``[blocks, block_size, kv heads of this
+        rank, head size]`` in the resolved cache dtype."""
+        assert self.model is not None
+        heads = self.model.shard.num_kv_heads
+        shape = (blocks, block_size, heads, self.model_spec.head_dim)
+        for layer in self.model.attention_layers():
+            layer.key_cache = torch.zeros(shape, dtype=self.cache_dtype, device=self.device)
+            layer.value_cache = torch.zeros(shape, dtype=self.cache_dtype, device=self.device)
+
+    def init_cache(self, blocks: int, block_size: int) -> dict[str, Any]:
+        """Allocate the KV cache, compile and capture; returns what was captured."""
+        assert self.model is not None
+        cfg, plat = self.config, self.platform
+        with hwplug.use_platform(plat), torch.inference_mode():
+            self.allocate_cache(blocks, block_size)
+            start = time.perf_counter()
+            self.runner = ModelRunner(self.model, cfg, plat, self.device)
+            self.runner.warm_up()
+            self.captured = self.runner.capture()
+            self.compile_seconds = time.perf_counter() - start
+            if cfg.cache.cache_dtype in _FP8 and cfg.cache.calculate_kv_scales:
+                # Scales come from the first real step, run eagerly; graphs read the buffers.
+                for layer in self.model.attention_layers():
+                    layer.calculate_scales = True
+                self.runner.eager_steps = 1
+            if self.live:
+                plat.synchronize()
+        return {"graphs_captured": len(self.captured), "compile_seconds": self.compile_seconds}
+
+    # -- running --------------------------------------------------------------------------
+    def execute(self, step: StepInput) -> tuple[torch.Tensor, list[int]]:
+        """Run one step; returns the float32 logits of the rows to sample (every rank
+        has the whole vocabulary) and, per sequence, its row in them (-1: none)."""
+        assert self.runner is not None
+        with hwplug.use_platform(self.platform), torch.inference_mode():
+            return self.runner.execute(step)
+
+    def execute_on_driver(self, step: StepInput) -> tuple[torch.Tensor | None, list[int]]:
+        """:meth:`execute` for a driver in another process: rank 0's logits, on the CPU."""
+        logits, rows = self.execute(step)
+        return (logits.cpu() if self.rank == 0 else None), rows  # type: ignore[return-value]
+
+    def weights_fingerprint(self) -> tuple[tuple[int, int], ...]:
+        """Where each parameter lives and its version counter (what in-place updates and
+        ``load_state_dict`` change)."""
+        assert self.model is not None
+        return tuple((p.data_ptr(), p._version) for p in self.model.parameters())
+
+    def broadcast_int(self, value: int) -> int:
+        """Rank 0's ``value`` on every rank (a seed every rank must share)."""
+        if self.world_size == 1:
+            return value
+        t = torch.tensor([value], dtype=torch.int64, device=self.device)
+        return int(self.communicator.broadcast(t, src=0).item())
+
+    def ping(self) -> int:
+        """This rank (a liveness check)."""
+        return self.rank
+
+    def shutdown(self) -> None:
+        """Leave the process group."""
+        if self.world_size > 1:
+            distributed.register_communicator(TP_GROUP, None)
+            self.platform.destroy_distributed()
+
+    # -- helpers ----------------------------------------------------------------------------
+    def _memory_in_use(self) -> int:
+        """The most bytes this process has held on the device (0 where it is not real)."""
+        if not self.live:
+            return 0
+        self.platform.synchronize()
+        return int(self.platform.peak_memory_usage(0))
+
+    def _most_over_ranks(self, memory: dict[str, int]) -> dict[str, int]:
+        if self.world_size == 1:
+            return dict(memory)
+        names = sorted(memory)
+        t = torch.tensor([memory[n] for n in names], dtype=torch.float64, device=self.device)
+        gathered = self.communicator.all_gather(t.reshape(1, -1), dim=0)
+        most = gathered.max(dim=0).values.tolist()
+        return {n: math.ceil(v) for n, v in zip(names, most)}
