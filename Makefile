@@ -21,8 +21,8 @@ $(STAMP): $(BIN)/python pyproject.toml examples/acme_npu/pyproject.toml examples
 	$(BIN)/pip install --quiet -e ".[test,docs,triton,engine]"
 	# The suite must pass with third-party plugins installed: install the example vendor plugin.
 	$(BIN)/pip install --quiet --no-deps --no-build-isolation ./examples/acme_npu
-	# The example engine (its tests compare it with transformers).
-	$(BIN)/pip install --quiet --no-deps --no-build-isolation -e ./examples/tiny_engine
+	# The example engine (its tests compare it with transformers and run its Ray executor).
+	$(BIN)/pip install --quiet --no-build-isolation -e "./examples/tiny_engine[checkpoints,ray]"
 	touch $(STAMP)
 
 setup: $(STAMP) ## create .venv and install hwplug with every extra the tests and docs need

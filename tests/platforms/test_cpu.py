@@ -317,15 +317,14 @@ def test_several_ranks_use_mp() -> None:
     assert change(res, "parallel.distributed_executor_backend").source == "platform:cpu"
 
 
-@pytest.mark.parametrize("backend", ["ray", "uni", "external_launcher"])
-def test_another_executor_with_several_ranks_is_an_error(backend: str) -> None:
-    with pytest.raises(ConfigError) as err:
-        resolve(
-            parallel=ParallelConfig(tensor_parallel_size=2, distributed_executor_backend=backend)
-        )
-    text = str(err.value)
-    assert f"parallel.distributed_executor_backend={backend!r}" in text
-    assert "use parallel.distributed_executor_backend='mp'" in text
+@pytest.mark.parametrize("backend", ["ray", "uni", "external_launcher", "mp"])
+def test_an_explicit_executor_with_several_ranks_is_kept(backend: str) -> None:
+    """platforms.md: an explicit uni, mp, ray or external_launcher is kept."""
+    res = resolve(
+        parallel=ParallelConfig(tensor_parallel_size=2, distributed_executor_backend=backend)
+    )
+    assert res.config.parallel.distributed_executor_backend == backend
+    assert not [c for c in res.changes if c.path == "parallel.distributed_executor_backend"]
 
 
 def test_explicit_executor_with_one_rank_is_kept() -> None:

@@ -154,25 +154,27 @@ def _run(args: argparse.Namespace) -> int:
     else:
         count, length = parse_random_prompts(args.random_prompts)
         prompts = None
-    llm = LLM(args.model, config=config, platform=args.platform, device=args.device)
-    if prompts is None:
-        check_random_prompts(count, length, llm.config.model.max_model_len)
-        generator = torch.Generator().manual_seed(sequence_seed(args.seed or 0, -1))
-        vocab = llm.spec.vocab_size
-        prompts = torch.randint(0, vocab, (count, length), generator=generator).tolist()
-    outputs = llm.generate(
-        prompts,
-        max_tokens=args.max_tokens,
-        temperature=args.temperature,
-        seed=args.seed,
-        ignore_eos=args.ignore_eos,
-    )
+    with LLM(args.model, config=config, platform=args.platform, device=args.device) as llm:
+        if prompts is None:
+            check_random_prompts(count, length, llm.config.model.max_model_len)
+            generator = torch.Generator().manual_seed(sequence_seed(args.seed or 0, -1))
+            vocab = llm.spec.vocab_size
+            prompts = torch.randint(0, vocab, (count, length), generator=generator).tolist()
+        outputs = llm.generate(
+            prompts,
+            max_tokens=args.max_tokens,
+            temperature=args.temperature,
+            seed=args.seed,
+            ignore_eos=args.ignore_eos,
+        )
+        stats = llm.stats
+        if not llm.prints_results:
+            return 0  # another rank of a launched job prints them (they are the same)
     if args.json:
-        print(json.dumps({"outputs": outputs, "stats": llm.stats}))
+        print(json.dumps({"outputs": outputs, "stats": stats}))
         return 0
     for i, output in enumerate(outputs):
         print(f"prompt {i} ({len(prompts[i])} tokens) -> {output}")
-    stats = llm.stats
     width = max(len(k) for k in stats)
     for key, value in stats.items():
         shown = f"{value:.1f}" if isinstance(value, float) else value

@@ -298,6 +298,13 @@ class LLM:
         worker = self.executor.local_worker if self.executor is not None else None
         return list(worker.captured) if worker is not None else []
 
+    @property
+    def prints_results(self) -> bool:
+        """Whether this process should report results: always, except on the ranks other
+        than 0 of a job an external launcher started (every rank has the same results)."""
+        executor = self.executor
+        return not (executor is not None and getattr(executor, "rank", 0) != 0)
+
     def close(self) -> None:
         """Stop the ranks (other processes, Ray actors) and leave the process group.
         Idempotent; the engine cannot generate afterwards."""

@@ -229,6 +229,10 @@ class MultiprocExecutor(Executor):
                     except (EOFError, OSError):
                         self._fail(rank, self._death(rank))
                     if status == "error":
+                        # a rank that died makes the others' collectives fail: name it first
+                        dead = [r for r, p in enumerate(self.procs) if r != rank and _dead(p)]
+                        if dead:
+                            self._fail(dead[0], self._death(dead[0]))
                         self._fail(rank, f"raised {value}")
                     results[rank] = value
                     del pending[rank]
@@ -299,6 +303,12 @@ def _main_module_not_rerun() -> Any:
     finally:
         main.__dict__.pop("__spec__", None)
         main.__dict__.update(saved)
+
+
+def _dead(proc: Any) -> bool:
+    """Whether ``proc`` has ended (waiting a moment for one that is ending)."""
+    proc.join(0.5)
+    return not proc.is_alive()
 
 
 def _child_environment(spec: WorkerSpec) -> dict[str, str]:
@@ -383,12 +393,21 @@ class RayExecutor(Executor):
             try:
                 ray.get(done[0])
             except Exception as exc:
-                rank = index[done[0]]
+                failures = {index[done[0]]: _ray_error(exc)}
+                # a rank that died makes the others' collectives fail: wait a moment for
+                # the others' outcomes and name a dead rank first
+                finished, _ = ray.wait(pending, num_returns=len(pending), timeout=5)
+                for ref in finished:
+                    try:
+                        ray.get(ref)
+                    except Exception as other:
+                        failures[index[ref]] = _ray_error(other)
+                died = [r for r, what in sorted(failures.items()) if what.startswith("died")]
+                rank = died[0] if died else min(failures)
                 self.shutdown()
-                what = _ray_error(exc)
                 raise RuntimeError(
-                    f"tensor-parallel rank {rank} of {self.world_size} (ray executor) {what}; "
-                    "the other ranks were shut down"
+                    f"tensor-parallel rank {rank} of {self.world_size} (ray executor) "
+                    f"{failures[rank]}; the other ranks were shut down"
                 ) from None
         return ray.get(refs)
 

@@ -179,6 +179,12 @@ class Worker:
         """This rank (a liveness check)."""
         return self.rank
 
+    def process_id(self) -> int:
+        """The id of the process this rank runs in."""
+        import os
+
+        return os.getpid()
+
     def shutdown(self) -> None:
         """Leave the process group."""
         if self.world_size > 1:

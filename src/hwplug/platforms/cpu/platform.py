@@ -288,12 +288,7 @@ class CpuPlatform(BuiltinPlatform):
                     self.executor_backend,
                     f"{world} ranks on the CPU run as processes",
                 )
-            elif executor != self.executor_backend:
-                raise ConfigError(
-                    f"parallel.distributed_executor_backend={executor!r} is not supported on "
-                    f"{device} with {world} ranks (parallel.world_size={world}); use "
-                    f"parallel.distributed_executor_backend='{self.executor_backend}'"
-                )
+            # an explicit executor (uni, mp, ray, external_launcher) is kept (platforms.md)
 
         if config.cache.cpu_kvcache_space_bytes is None:
             space, origin = self.kvcache_space_bytes()
