@@ -87,7 +87,7 @@ def test_pytest_option_makes_one_test_per_check(pytester: pytest.Pytester) -> No
         "-rs",
         "-v",
     )
-    result.assert_outcomes(passed=3, deselected=14)
+    result.assert_outcomes(passed=3, deselected=15)
     result.stdout.fnmatch_lines(["*hwplug_conformance?hpu-R01? PASSED*"])
 
 
@@ -95,7 +95,7 @@ def test_pytest_option_reports_a_skip_with_its_reason(pytester: pytest.Pytester)
     result = pytester.runpytest(
         "-p", "no:cacheprovider", "--hwplug-conformance=cpu", "-k", "T03", "-rs"
     )
-    result.assert_outcomes(skipped=1, deselected=16)
+    result.assert_outcomes(skipped=1, deselected=17)
     result.stdout.fnmatch_lines(["*the cpu platform captures no device graphs*"])
 
 
@@ -114,7 +114,7 @@ def test_pytest_option_takes_a_timeout(pytester: pytest.Pytester) -> None:
         "-k",
         "R01",
     )
-    result.assert_outcomes(passed=1, deselected=16)
+    result.assert_outcomes(passed=1, deselected=17)
     result = pytester.runpytest(
         "-p", "no:cacheprovider", "--hwplug-conformance=cpu", "--hwplug-conformance-timeout=0"
     )

@@ -38,6 +38,12 @@ def test_runtime_checks_pass_on_cpu_tensors(name: str) -> None:
         assert graphs.outcome == "skip" and "captures no device graphs" in graphs.reason
     else:
         assert graphs.outcome == "pass", graphs.reason
+    collectives = report.result("T05")
+    if name == "cpu":  # the real host: two processes over gloo
+        assert collectives.outcome == "pass", collectives.reason
+        assert collectives.reason == "DeviceCommunicator over gloo"
+    else:
+        assert collectives.outcome == "skip" and "simulated" in collectives.reason
 
 
 def test_the_acme_example_passes_everything_on_acme_n2() -> None:

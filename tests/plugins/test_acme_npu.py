@@ -184,3 +184,28 @@ def test_acme_graph_backend_captures_and_replays_what_the_dispatcher_plans(
     assert (out["mode"], out["key"]) == ("FULL", 4)
     assert out["out"] == [2.0, 4.0, 6.0]
     assert out["replays"] == 1
+
+
+def test_acme_brings_its_own_communicator(acme_site: Path) -> None:
+    code = """
+    import json
+    import torch
+    from hwplug.plugins import manager
+    platform = manager.get_plugin_manager().platform_from_spec("acme-n2")
+    comm = platform.device_communicator()
+    t = torch.ones(3)
+    comm.all_reduce(t)
+    comm.all_gather(t)
+    comm.barrier()
+    print(json.dumps({"cls": type(comm).__name__, "world": comm.world_size,
+                      "calls": dict(comm.calls), "t": t.tolist()}))
+    """
+    result = run_python(code, paths=[acme_site], env=clean_env())
+    assert result.returncode == 0, result.stderr
+    out = json.loads(result.stdout.strip().splitlines()[-1])
+    assert out == {
+        "cls": "AcmeCommunicator",
+        "world": 1,
+        "calls": {"all_reduce": 1, "all_gather": 1, "barrier": 1},
+        "t": [1.0, 1.0, 1.0],
+    }

@@ -561,3 +561,115 @@ def _checkpoint_head_size(
     raise CheckSkipped(
         f"no tiny checkpoint resolves on {platform.name} (head sizes tried: {'; '.join(problems)})"
     )
+
+
+# --------------------------------------------------------------------------- T05
+
+_COLLECTIVES_SCRIPT = """
+import json, sys
+from datetime import timedelta
+
+import torch
+
+import hwplug
+
+rank, port = int(sys.argv[1]), sys.argv[2]
+platform = hwplug.get_platform()
+platform.init_distributed(
+    rank, 2, init_method=f"tcp://127.0.0.1:{port}", timeout=timedelta(seconds=60)
+)
+comm = platform.device_communicator()
+device = platform.torch_device(0 if platform.device_type == "cpu" else rank)
+x = torch.tensor([1.0, 2.0], device=device) * (rank + 1)
+out = {"class": type(comm).__name__, "world": [comm.world_size, comm.rank]}
+out["all_reduce"] = comm.all_reduce(x.clone()).cpu().tolist()
+out["all_gather"] = comm.all_gather(x).cpu().tolist()
+y = torch.arange(4.0, device=device) + 10 * rank
+out["reduce_scatter"] = comm.reduce_scatter(y).cpu().tolist()
+out["broadcast"] = comm.broadcast(torch.tensor([float(rank)], device=device), src=1).cpu().tolist()
+comm.barrier()
+platform.destroy_distributed()
+print(json.dumps(out), flush=True)
+"""
+
+_COLLECTIVES_WANT = {
+    "all_reduce": [3.0, 6.0],
+    "all_gather": [1.0, 2.0, 2.0, 4.0],
+    "broadcast": [1.0],
+}
+
+
+@check(
+    "T05",
+    "Collectives run in a world of two",
+    protects=(
+        "tensor-parallel ranks that cannot sum, gather, scatter or share tensors over the "
+        "platform's process group."
+    ),
+    kind="runtime",
+)
+def collectives(platform: Platform, context: CheckContext) -> None:
+    """Two processes join a process group with ``init_distributed`` (the platform's
+    ``dist_backend``) and run every collective of ``device_communicator()`` on the
+    platform's device; the results must be the sums and gathers they should be."""
+    import json
+    import socket
+    import subprocess
+    import sys
+
+    if context.device is None:
+        raise CheckSkipped(context.runtime_problem or "no device to run on")
+    if platform.simulated:
+        raise CheckSkipped(
+            f"the {platform.name} platform is simulated (profile {platform.profile!r}): there "
+            "is no device to join a process group with"
+        )
+    if not platform.dist_backend:
+        raise CheckFailed(
+            f"the {platform.name} platform names no torch.distributed backend (dist_backend)"
+        )
+    if platform.device_type != "cpu" and len(platform.devices) < 2:
+        raise CheckSkipped(
+            f"a world of two needs two {platform.name} devices; {len(platform.devices)} visible"
+        )
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = str(sock.getsockname()[1])
+    env = dict(os.environ, HWPLUG_PLATFORM=platform.name)
+    env.pop("HWPLUG_SIMULATE", None)
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", _COLLECTIVES_SCRIPT, str(rank), port],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        for rank in range(2)
+    ]
+    outputs = []
+    try:
+        for rank, proc in enumerate(procs):
+            out, err = proc.communicate(timeout=180)
+            if proc.returncode != 0:
+                last = (err.strip().splitlines() or ["(no output)"])[-1]
+                raise CheckFailed(f"rank {rank} of a world of two failed: {last}")
+            outputs.append(json.loads(out.strip().splitlines()[-1]))
+    except subprocess.TimeoutExpired as exc:
+        raise CheckFailed("a world of two did not finish its collectives within 180 s") from exc
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    scatter = ([10.0, 12.0], [14.0, 16.0])
+    for rank, out in enumerate(outputs):
+        if out["world"] != [2, rank]:
+            raise CheckFailed(f"rank {rank}'s communicator reports world {out['world']}")
+        want = dict(_COLLECTIVES_WANT, reduce_scatter=scatter[rank])
+        for name, value in want.items():
+            if out[name] != value:
+                raise CheckFailed(
+                    f"{out['class']}.{name} gave {out[name]} on rank {rank}; expected {value}"
+                )
+    context.note(f"{outputs[0]['class']} over {platform.dist_backend}")

@@ -7,7 +7,8 @@ this plugin shows every part of a real one without real hardware.
 ACME's attention kernel (``acme``) can run inside a full graph only for
 single-token decode batches (``UNIFORM_SINGLE_TOKEN_DECODE``), so hwplug fits
 the graph mode to it: the NPU's default ``FULL`` becomes ``FULL_DECODE_ONLY``
-(recorded), and an explicit ``FULL`` is refused.
+(recorded), and an explicit ``FULL`` is refused. Its ranks run collectives
+through ACME's own communicator class (:mod:`acme_npu.communicator`).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import os
 from typing import TYPE_CHECKING, ClassVar
 
 import hwplug
+from acme_npu.communicator import AcmeCommunicator
 from hwplug.attention import AttentionBackend, TorchAttentionBackend
 from hwplug.core.errors import ConfigError
 from hwplug.core.graphs import AttentionGraphSupport
@@ -60,6 +62,7 @@ class NpuPlatform(Platform):
     priority = 60
     ray_device_key = "NPU"
     device_control_env_var = "ACME_NPU_VISIBLE_DEVICES"
+    communicator_cls = AcmeCommunicator  # ACME's own collectives (see communicator.py)
     vendor = "ACME"
 
     block_sizes: ClassVar[tuple[int, ...]] = (32, 64)
