@@ -62,3 +62,21 @@ def test_cuda_without_a_gpu_is_one_line_and_status_2() -> None:
         "bench_engine: --device cuda needs a CUDA or ROCm GPU; none is visible"
     )
     assert result.stdout == ""
+
+
+@pytest.mark.slow
+def test_the_tensor_parallel_benchmark_runs_both_sizes() -> None:
+    script = REPO / "benchmarks" / "bench_tp.py"
+    small = ["--layers", "1", "--hidden", "64", "--heads", "4", "--kv-heads", "2"]
+    small += ["--vocab", "256", "--batch", "2", "--prompt-len", "4", "--max-tokens", "2"]
+    result = subprocess.run(
+        [sys.executable, str(script), *small, "--repeats", "1", "--eager"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    report = json.loads(result.stdout)
+    assert report["tp1"]["steps"] == report["tp2"]["steps"] == 2
+    assert report["ratio"] > 0 and report["same_tokens"] is True

@@ -53,6 +53,21 @@ class WorkerSpec:
     """Where the ranks meet (``tcp://host:port``, or ``env://`` under a launcher)."""
 
 
+def _share_the_cpus(world_size: int) -> None:
+    """Ranks on one host's CPUs each take their share of its cores (unless
+    ``OMP_NUM_THREADS`` says otherwise): more threads than cores make every rank
+    spin against the others, and a collective waits for the slowest."""
+    import os
+
+    if os.environ.get("OMP_NUM_THREADS"):
+        return
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        cores = os.cpu_count() or 1
+    torch.set_num_threads(max(1, cores // world_size))
+
+
 class Worker:
     """One rank: builds its part of the model, profiles it, holds its cache, runs steps."""
 
@@ -68,6 +83,8 @@ class Worker:
         else:
             self.device = plat.torch_device(0 if plat.device_type == "cpu" else spec.local_rank)
         self.live = not plat.simulated and self.device.type == plat.device_type
+        if self.world_size > 1 and self.device.type == "cpu":
+            _share_the_cpus(spec.world_size)
         if self.world_size > 1:
             group = plat.init_distributed(
                 spec.rank,
