@@ -177,12 +177,13 @@ def local_ray() -> Iterator[Any]:
     ray.shutdown()
 
 
+@pytest.mark.parametrize("size", [2, 4])
 def test_ray_ranks_generate_transformers_tokens(
-    qwen2: Path, expected: dict[str, Any], local_ray: Any
+    qwen2: Path, expected: dict[str, Any], local_ray: Any, size: int
 ) -> None:
     from tiny_engine import LLM
 
-    with LLM(qwen2, config=_config(2, "ray")) as llm:
+    with LLM(qwen2, config=_config(size, "ray")) as llm:
         outputs = llm.generate(PROMPTS, max_tokens=MAX_TOKENS, ignore_eos=True)
         assert llm.stats["executor"] == "ray"
     _check(expected, outputs)
@@ -223,7 +224,9 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def _torchrun(*args: str, env_extra: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+def _torchrun(
+    *args: str, ranks: int = 2, env_extra: dict[str, str] | None = None
+) -> subprocess.CompletedProcess:
     env = dict(os.environ, **(env_extra or {}))
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ENGINE_SRC), env.get("PYTHONPATH")]))
     torchrun = Path(sys.executable).with_name("torchrun")
@@ -231,7 +234,7 @@ def _torchrun(*args: str, env_extra: dict[str, str] | None = None) -> subprocess
         [str(torchrun)] if torchrun.exists() else [sys.executable, "-m", "torch.distributed.run"]
     )
     return subprocess.run(
-        [*command, "--nproc-per-node", "2", "--master-port", str(_free_port()), *args],
+        [*command, "--nproc-per-node", str(ranks), "--master-port", str(_free_port()), *args],
         capture_output=True,
         text=True,
         env=env,
@@ -240,12 +243,13 @@ def _torchrun(*args: str, env_extra: dict[str, str] | None = None) -> subprocess
     )
 
 
+@pytest.mark.parametrize("size", [2, 4])
 def test_torchrun_ranks_each_return_transformers_tokens(
-    qwen2: Path, expected: dict[str, Any], tmp_path: Path
+    qwen2: Path, expected: dict[str, Any], tmp_path: Path, size: int
 ) -> None:
     script = tmp_path / "serve.py"
     script.write_text(RANK_SCRIPT)
-    config = _config(2, "external_launcher")
+    config = _config(size, "external_launcher")
     result = _torchrun(
         str(script),
         str(qwen2),
@@ -253,10 +257,11 @@ def test_torchrun_ranks_each_return_transformers_tokens(
         json.dumps(PROMPTS),
         str(tmp_path),
         str(MAX_TOKENS),
+        ranks=size,
     )
     assert result.returncode == 0, result.stderr[-3000:]
-    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
-    assert ranks[0] == ranks[1], "every rank returns the same outputs"
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(size)]
+    assert all(rank == ranks[0] for rank in ranks), "every rank returns the same outputs"
     assert ranks[0]["executor"] == "external_launcher"
     _check(expected, ranks[0]["outputs"])
 
