@@ -266,31 +266,32 @@ class LLM:
         worker = self.executor.local_worker
         self._weights_seen = worker.weights_fingerprint() if worker is not None else ()
 
+    def _in_process(self, what: str) -> Any:
+        """This process's worker's ``what`` (``model``, ``runner``).
+
+        :raises RuntimeError: the ranks run in other processes, or the engine is closed.
+        """
+        worker = self.executor.local_worker if self.executor is not None else None
+        value = getattr(worker, what, None)
+        if value is None:
+            raise RuntimeError(
+                f"the {what} lives in the ranks' processes ({self.executor_kind} executor), "
+                "not in this one (or the engine was closed)"
+            )
+        return value
+
     @property
     def model(self) -> CausalLM:
         """The model, when it lives in this process (executors ``uni`` and
-        ``external_launcher``: this rank's part).
-
-        :raises RuntimeError: the ranks run in other processes.
-        """
-        worker = self.executor.local_worker if self.executor is not None else None
-        if worker is None or worker.model is None:
-            raise RuntimeError(
-                f"the model lives in the ranks' processes ({self.executor_kind} executor), "
-                "not in this one"
-            )
-        return worker.model
+        ``external_launcher``: this rank's part)."""
+        model: CausalLM = self._in_process("model")
+        return model
 
     @property
     def runner(self) -> ModelRunner:
         """The model runner, when it lives in this process (see :attr:`model`)."""
-        worker = self.executor.local_worker if self.executor is not None else None
-        if worker is None or worker.runner is None:
-            raise RuntimeError(
-                f"the model runner lives in the ranks' processes ({self.executor_kind} "
-                "executor), not in this one"
-            )
-        return worker.runner
+        runner: ModelRunner = self._in_process("runner")
+        return runner
 
     @property
     def captured(self) -> list[Any]:
