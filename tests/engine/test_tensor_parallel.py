@@ -233,14 +233,20 @@ def _torchrun(
     command = (
         [str(torchrun)] if torchrun.exists() else [sys.executable, "-m", "torch.distributed.run"]
     )
-    return subprocess.run(
-        [*command, "--nproc-per-node", str(ranks), "--master-port", str(_free_port()), *args],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=300,
-        check=False,
-    )
+    # gloo sometimes aborts a rank while the ranks meet on a loaded two-core machine
+    # ("terminate called without an active exception"): such a job is run again
+    for _attempt in range(3):
+        result = subprocess.run(
+            [*command, "--nproc-per-node", str(ranks), "--master-port", str(_free_port()), *args],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=300,
+            check=False,
+        )
+        if "terminate called without an active exception" not in result.stderr:
+            break
+    return result
 
 
 @pytest.mark.parametrize("size", [2, 4])
@@ -259,7 +265,7 @@ def test_torchrun_ranks_each_return_transformers_tokens(
         str(MAX_TOKENS),
         ranks=size,
     )
-    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.returncode == 0, result.stderr[-8000:]
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(size)]
     assert all(rank == ranks[0] for rank in ranks), "every rank returns the same outputs"
     assert ranks[0]["executor"] == "external_launcher"
@@ -286,7 +292,7 @@ def test_the_cli_runs_under_torchrun(qwen2: Path, expected: dict[str, Any]) -> N
         "--ignore-eos",
         "--json",
     )
-    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.returncode == 0, result.stderr[-8000:]
     reports = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
     assert len(reports) == 1, "rank 0 alone prints"
     assert reports[0]["stats"]["tensor_parallel_size"] == 2
