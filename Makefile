@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 # The CPU build of torch is pinned for set-up here; pyproject.toml keeps a normal range.
 TORCH_PIN ?= torch==2.13.0
 
-.PHONY: help run test lint typecheck imports bench docs docs-serve clean setup
+.PHONY: help run test lint typecheck imports bench docs docs-serve clean setup release-check
 
 # The first target is the default: `make` alone lists the targets.
 help: ## list the targets
@@ -16,11 +16,12 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 
-$(STAMP): $(BIN)/python pyproject.toml examples/acme_npu/pyproject.toml examples/tiny_engine/pyproject.toml
+$(STAMP): $(BIN)/python pyproject.toml examples/acme_npu/pyproject.toml examples/tiny_engine/pyproject.toml tests/vendor/zeta_tpu/pyproject.toml
 	$(BIN)/pip install --quiet $(TORCH_PIN)
 	$(BIN)/pip install --quiet -e ".[test,docs,triton,engine]"
-	# The suite must pass with third-party plugins installed: install the example vendor plugin.
-	$(BIN)/pip install --quiet --no-deps --no-build-isolation ./examples/acme_npu
+	# The suite must pass with third-party plugins installed: the example vendor plugin and
+	# a second one written from the docs alone (tests/vendor/zeta_tpu).
+	$(BIN)/pip install --quiet --no-deps --no-build-isolation ./examples/acme_npu ./tests/vendor/zeta_tpu
 	# The example engine (its tests compare it with transformers and run its Ray executor).
 	$(BIN)/pip install --quiet --no-build-isolation -e "./examples/tiny_engine[checkpoints,ray]"
 	touch $(STAMP)
@@ -53,6 +54,9 @@ bench: $(STAMP) ## the benchmarks (JSON)
 
 docs: $(STAMP) ## build the docs site (mkdocs build --strict), offline
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
+
+release-check: $(STAMP) ## build the sdist and wheel, check their metadata, install the wheel in a clean venv
+	$(BIN)/python scripts/release_check.py
 
 docs-serve: $(STAMP) ## serve the docs on localhost
 	$(BIN)/mkdocs serve
