@@ -96,14 +96,27 @@ print(json.dumps(out))
 """
 
 
+def only_the_site(site: Path) -> str:
+    """An allow-list of the entry points of the distributions in ``site``: the probe
+    then sees the built-ins and this test's plugin, whatever else is installed."""
+    names = []
+    for entry_points in site.glob("*.dist-info/entry_points.txt"):
+        for line in entry_points.read_text().splitlines():
+            if "=" in line and not line.startswith("["):
+                names.append(line.split("=", 1)[0].strip())
+    return ",".join(names)
+
+
 def probe(site: Path, action: str = "", **env: str) -> dict:
     code = f"ACTION = {action!r}\n" + PROBE
+    env.setdefault("HWPLUG_PLUGINS", only_the_site(site))
     result = run_python(code, paths=[site], env=clean_env(**env))
     assert result.returncode == 0, result.stderr
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
 def hwplug_cli(site: Path, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    env.setdefault("HWPLUG_PLUGINS", only_the_site(site))
     environment = clean_env(**env)
     environment["PYTHONPATH"] = f"{site}:{SRC}"
     return subprocess.run(
