@@ -93,3 +93,47 @@ def no_write_backend() -> type:
             )
 
     return NoWriteAttention
+
+
+def sloppy_backends() -> list[type]:
+    """Two backends that look right at a glance: ``offby`` is 0.1% off (within the
+    16-bit tolerance, far outside float32's), ``nowindow`` claims sliding windows and
+    ignores them."""
+    from hwplug.attention import TorchAttentionBackend
+
+    class OffByAttention(TorchAttentionBackend):
+        name = "offby"
+
+        def attend(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+            return super().attend(*args, **kwargs) * 1.001
+
+    class NoWindowAttention(TorchAttentionBackend):
+        name = "nowindow"
+
+        def attend(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+            window, self.sliding_window = self.sliding_window, None
+            try:
+                return super().attend(*args, **kwargs)
+            finally:
+                self.sliding_window = window
+
+    return [OffByAttention, NoWindowAttention]
+
+
+def cpu_preferring(backend: str) -> type:
+    """A CPU platform (float32 models included) whose attention order is ``backend``."""
+    from hwplug.platforms.cpu import CpuPlatform
+
+    return type(f"Prefers{backend.title()}Cpu", (CpuPlatform,), {"attention_order": (backend,)})
+
+
+class OffListDefaultNpu(NpuPlatform):
+    """Its default block size (48) is not one it advertises (32, 64)."""
+
+    default_block = 48
+
+
+class NoFp8NameNpu(NpuPlatform):
+    """Advertises fp8 caches but names no fp8 format."""
+
+    fp8_dtype_name = None  # type: ignore[assignment]

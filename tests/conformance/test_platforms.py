@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib.util
+import os
 from collections.abc import Iterator
 
 import pytest
@@ -67,8 +69,17 @@ def _simulated(cls: type) -> object:
         (broken.RefusedBlockNpu, {"R09"}, "advertised cache.block_size=16 is refused"),
         (broken.NotAWrapperNpu, {"R12"}, "not a subclass of hwplug.core.graphs.GraphWrapper"),
         (broken.TorchDetectNpu, {"R02"}, "detect() imported torch"),
+        (broken.OffListDefaultNpu, {"R09", "R10", "R12"}, "48"),
+        (broken.NoFp8NameNpu, {"R10", "R11"}, "names no fp8 format: fp8_dtype_name is None"),
     ],
-    ids=["hidden-change", "refused-block", "not-a-wrapper", "torch-in-detect"],
+    ids=[
+        "hidden-change",
+        "refused-block",
+        "not-a-wrapper",
+        "torch-in-detect",
+        "off-list-default-block",
+        "no-fp8-name",
+    ],
 )
 def test_a_broken_platform_fails_exactly_the_right_checks(
     cls: type, failing: set[str], fragment: str
@@ -209,3 +220,107 @@ def test_no_timeout_runs_the_check_in_the_callers_thread() -> None:
         "cpu", kinds=("runtime",), context=CheckContext(timeout=None), skip={"T04": "slow"}
     )
     assert report.ok, _explain(report)
+
+
+@pytest.fixture
+def sloppy_backends() -> Iterator[None]:
+    import hwplug
+    from hwplug.plugins import manager
+
+    backends = broken.sloppy_backends()
+
+    class Provides:
+        @hwplug.hookimpl
+        def hwplug_attention_backends(self) -> list[type]:
+            return backends
+
+    pm = manager.get_plugin_manager()
+    pm.register(Provides(), name="sloppy-provider")
+    try:
+        yield
+    finally:
+        pm.unregister(name="sloppy-provider")
+
+
+@pytest.mark.parametrize(
+    ("backend", "fragment"),
+    [
+        ("offby", "model dtype float32"),
+        ("nowindow", "sliding window 5"),
+    ],
+)
+def test_t02_catches_a_backend_off_in_float32_or_ignoring_windows(
+    sloppy_backends: None, backend: str, fragment: str
+) -> None:
+    platform = broken.cpu_preferring(backend).simulate("cpu-generic")  # type: ignore[attr-defined]
+    report = run_checks(platform, kinds=("runtime",), skip={"T04": "slow", "T05": "slow"})
+    result = report.result("T02")
+    assert result.outcome == "fail", _explain(report)
+    assert f"the {backend} backend is off by" in result.reason
+    assert fragment in result.reason
+
+
+def test_t02_says_what_it_ran() -> None:
+    report = run_checks("cpu", kinds=("runtime",), skip={"T04": "slow", "T05": "slow"})
+    reason = report.result("T02").reason
+    assert "torch: head size 64, model dtypes" in reason and "float32" in reason
+    assert "sliding window 5" in reason
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("zeta_tpu") is None, reason="tests/vendor/zeta_tpu is not installed"
+)
+def test_a_platform_without_block_size_32_passes_every_check() -> None:
+    """The suite's second vendor (blocks 16, 64, 128) on its detected device."""
+    import json
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HWPLUG_")}
+    env["ZETA_TPU_DEVICES"] = "0"
+    result = subprocess.run(
+        [sys.executable, "-m", "hwplug", "conformance", "zeta", "--json"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    data = json.loads(result.stdout)
+    assert data["simulated"] is False
+    assert data["counts"] == {"pass": len(CHECKS), "fail": 0, "skip": 0}, data["results"]
+
+
+def test_a_default_block_outside_the_list_is_named_with_what_to_do() -> None:
+    report = run_checks(_simulated(broken.OffListDefaultNpu), kinds=("rule",))  # type: ignore[arg-type]
+    reason = report.result("R09").reason
+    assert (
+        "default block size 48 (default_block_size()) is not one it advertises (32, 64)" in reason
+    )
+    assert "make the default one of them" in reason
+
+
+def test_a_refused_platform_default_names_who_set_it() -> None:
+    import hwplug
+
+    with pytest.raises(ConfigError) as info:
+        hwplug.resolve(platform=_simulated(broken.OffListDefaultNpu))  # type: ignore[arg-type]
+    message = str(info.value)
+    assert "cache.block_size=48 is not supported" in message
+    assert (
+        "cache.block_size was set by platform:npu (default block size on npu), not by the user"
+        in message
+    )
+
+
+def test_fp8_without_a_format_name_is_refused_at_resolution_with_the_fix() -> None:
+    import hwplug
+    from hwplug.core.config import EngineConfig
+
+    config = EngineConfig.from_dict({"cache": {"cache_dtype": "fp8"}})
+    with pytest.raises(ConfigError) as info:
+        hwplug.resolve(config, platform=_simulated(broken.NoFp8NameNpu))  # type: ignore[arg-type]
+    message = str(info.value)
+    assert "cache.cache_dtype='fp8' (set by the user) cannot be used" in message
+    assert "its plugin must set it to one of float8_e4m3fn" in message

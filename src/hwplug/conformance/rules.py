@@ -530,6 +530,19 @@ def block_sizes_agree(platform: Platform, context: CheckContext) -> None:
             problems.append(f"advertised cache.block_size={size} is refused: {error_line(result)}")
         elif result.config.cache.block_size != size:
             problems.append(f"cache.block_size={size} resolved to {result.config.cache.block_size}")
+    from hwplug.core.config import EngineConfig
+
+    try:
+        chosen = platform.default_block_size(EngineConfig())
+    except Exception as exc:
+        problems.append(f"default_block_size() raised {error_line(exc)}")
+    else:
+        if chosen not in advertised:
+            problems.append(
+                f"the platform's default block size {chosen} (default_block_size()) is not one "
+                f"it advertises ({', '.join(map(str, advertised))}): a config that leaves "
+                "cache.block_size unset is refused; make the default one of them"
+            )
     default = _resolve_fields(platform, context, {})
     if not isinstance(default, ConfigError) and default.config.cache.block_size not in advertised:
         problems.append(

@@ -144,8 +144,10 @@ def reference_attention(
     scale: float,
     k_scale: float = 1.0,
     v_scale: float = 1.0,
+    window: int | None = None,
 ) -> torch.Tensor:
-    """Causal paged attention in float64 over what the caches hold (dequantised)."""
+    """Causal paged attention in float64 over what the caches hold (dequantised); only the
+    last ``window`` positions are seen when a window is given."""
     import torch
 
     from hwplug.kernels import FP8_FORMATS
@@ -172,6 +174,8 @@ def reference_attention(
         q = query[start:end].to(torch.float64)
         q_pos = torch.arange(seq_len - (end - start), seq_len)
         visible = positions[None, :] <= q_pos[:, None]
+        if window is not None:
+            visible &= positions[None, :] > q_pos[:, None] - window
         scores = torch.einsum("qhd,khd->hqk", q, k) * scale
         scores = scores.masked_fill(~visible[None], float("-inf"))
         out[start:end] = torch.einsum("hqk,khd->qhd", scores.softmax(-1), v)
@@ -240,6 +244,7 @@ def _attend(
     head_size: int,
     device: str,
     seed: int,
+    window: int | None = None,
 ) -> tuple[float, str | None]:
     """Run one batch (with padding rows) through ``backend``.
 
@@ -279,7 +284,9 @@ def _attend(
     want_k, want_v = key_cache.clone(), value_cache.clone()
     write_kv_cache(key, value, want_k, want_v, metadata.slot_mapping, ks, vs, backend="torch")
     scale = head_size**-0.5
-    impl = backend(heads, head_size, kv_heads, scale, cache_dtype=cache_dtype)
+    impl = backend(
+        heads, head_size, kv_heads, scale, sliding_window=window, cache_dtype=cache_dtype
+    )
     # as an engine runs a step: prepared once, then the layer's forward
     step = backend.prepare(metadata, num_blocks=num_blocks, block_size=block_size)
     out = impl.forward(query, key, value, key_cache, value_cache, step, k_scale=ks, v_scale=vs)
@@ -292,7 +299,9 @@ def _attend(
     cache_problem = _cache_write_problem("key", key_cache, want_k, slots) or _cache_write_problem(
         "value", value_cache, want_v, slots
     )
-    want = reference_attention(query, want_k, want_v, metadata, scale=scale, k_scale=ks, v_scale=vs)
+    want = reference_attention(
+        query, want_k, want_v, metadata, scale=scale, k_scale=ks, v_scale=vs, window=window
+    )
     got = out[: want.shape[0]].cpu().to(torch.float64)
     error = float((got - want).abs().max().item()) if want.numel() else 0.0
     return error, cache_problem
@@ -330,19 +339,21 @@ def _head_size_for(
     kind="runtime",
 )
 def attention_matches_reference(platform: Platform, context: CheckContext) -> None:
-    """Every backend of the platform's order, on prefill, chunked prefill, decode and mixed
-    batches (with padding rows) at each advertised block size (model dtype cache) and on a
-    mixed batch per other advertised cache dtype, at the first head size the backend
-    serves: the output against a float64 reference, and the caches against
-    ``write_kv_cache``'s reference write (every slot; fp8 within one rounding step)."""
+    """Every backend of the platform's order, at the first head size it serves, on
+    prefill, chunked prefill, decode and mixed batches (with padding rows): for every
+    model dtype the platform advertises (at the default block size), at every other
+    advertised block size, for every other advertised cache dtype, and with a sliding
+    window where the backend claims to serve one. The output is compared with a
+    float64 reference at SPEC 12's tolerance for the model dtype (1e-4 for float32,
+    2e-2 for 16 bits), and the caches with ``write_kv_cache``'s reference write (every
+    slot; fp8 within one rounding step)."""
     from hwplug.attention import available_backends
     from hwplug.core.kv_cache import cache_dtype_to_torch
 
     device = _device(context)
     config = _resolved(platform, context, {})
     installed = available_backends()
-    model_dtype = config.model.dtype
-    dtype = _torch_dtype(model_dtype)
+    default_dtype = config.model.dtype
     ran: list[str] = []
     for name in platform.attention_backends(config):
         backend = installed.get(name)
@@ -355,39 +366,63 @@ def attention_matches_reference(platform: Platform, context: CheckContext) -> No
         if why is not None or head_size is None:
             context.note(f"{name} not run: {why}")
             continue
-        cases: list[tuple[str, int, str]] = [
-            (kind, size, "auto") for size in platform.supported_block_sizes() for kind in _BATCHES
-        ]
         default_block = config.cache.block_size or platform.supported_block_sizes()[0]
+        dtypes = [
+            d
+            for d in platform.supported_model_dtypes()
+            if backend.model_dtypes is None or d in backend.model_dtypes
+        ] or [default_dtype]
+        # (kind, block size, cache dtype, model dtype, window)
+        cases: list[tuple[str, int, str, str, int | None]] = [
+            (kind, default_block, "auto", d, None) for d in dtypes for kind in _BATCHES
+        ]
         cases += [
-            ("mixed", default_block, c)
+            (kind, size, "auto", default_dtype, None)
+            for size in platform.supported_block_sizes()
+            if size != default_block
+            for kind in _BATCHES
+        ]
+        cases += [
+            ("mixed", default_block, c, default_dtype, None)
             for c in platform.supported_cache_dtypes()
             if c != "auto" and (backend.cache_dtypes is None or c in backend.cache_dtypes)
         ]
-        for kind, size, cache_name in cases:
+        if backend.supports_sliding_window:
+            cases += [(kind, default_block, "auto", default_dtype, 5) for kind in _BATCHES]
+        skipped_blocks = set()
+        for kind, size, cache_name, model_dtype, window in cases:
             if backend.block_sizes is not None and size not in backend.block_sizes:
-                context.note(f"{name} does not serve block size {size}")
+                skipped_blocks.add(size)
                 continue
             cache_dtype = cache_dtype_to_torch(cache_name, model_dtype, platform)
             error, cache_problem = _attend(
                 backend,
                 _BATCHES[kind],
                 block_size=size,
-                dtype=dtype,
+                dtype=_torch_dtype(model_dtype),
                 cache_dtype=cache_dtype,
                 head_size=head_size,
                 device=device,
                 seed=context.seed,
+                window=window,
             )
             where = (
                 f"on a {kind} batch at block size {size}, cache dtype {cache_name} "
                 f"({cache_dtype}), head size {head_size}, model dtype {model_dtype}"
+                + (f", sliding window {window}" if window else "")
             )
             if cache_problem is not None:
                 raise CheckFailed(f"the {name} backend: {cache_problem} {where}")
             limit = _TOLERANCE.get(model_dtype, 2e-2)
             if not error <= limit:
                 raise CheckFailed(f"the {name} backend is off by {error:.3g} (> {limit:g}) {where}")
+        if skipped_blocks:
+            context.note(f"{name} does not serve block sizes {sorted(skipped_blocks)}")
+        context.note(
+            f"{name}: head size {head_size}, model dtypes {', '.join(dtypes)}, "
+            f"block sizes {', '.join(str(b) for b in platform.supported_block_sizes())}"
+            + (", sliding window 5" if backend.supports_sliding_window else "")
+        )
         ran.append(name)
     if not ran:
         raise CheckSkipped("; ".join(context.notes) or "the platform names no attention backend")

@@ -20,6 +20,9 @@ from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
 from hwplug.core.dtypes import CACHE_DTYPE_FORMATS, canonical_dtype
 from hwplug.core.errors import ConfigError, brief
 
+FP8_TORCH_NAMES = ("float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2", "float8_e5m2fnuz")
+"""The torch float8 dtypes hwplug's KV-cache kernels store (what ``fp8_dtype_name`` may be)."""
+
 if TYPE_CHECKING:
     import torch
 
@@ -462,6 +465,15 @@ class Platform:
         ``config`` may be None when the question is about the device alone.
         """
         if cache_dtype in self.cache_dtypes:
+            fmt = CACHE_DTYPE_FORMATS.get(cache_dtype)
+            if fmt is not None and fmt.torch_name is None and cache_dtype != "auto":
+                problem = self.fp8_name_problem()  # 'fp8' means the platform's format
+                if problem is not None:
+                    others = ", ".join(c for c in self.cache_dtypes if c != cache_dtype)
+                    return (
+                        f"cache.cache_dtype={cache_dtype!r} cannot be used on "
+                        f"{self.describe_device()}: {problem}; use one of: {others}"
+                    )
             return None
         allowed = ", ".join(self.cache_dtypes)
         fmt = CACHE_DTYPE_FORMATS.get(cache_dtype)
@@ -498,6 +510,9 @@ class Platform:
                 or f"cache.cache_dtype={cache_dtype!r} is not available here"
             )
         if fmt.torch_name is None:
+            problem = self.fp8_name_problem()
+            if problem is not None:
+                raise ConfigError(f"cache.cache_dtype={cache_dtype!r}: {problem}")
             return self.fp8_dtype_name
         if fmt.fnuz_torch_name is not None and self.is_fp8_fnuz():
             return fmt.fnuz_torch_name
@@ -507,8 +522,27 @@ class Platform:
         """Whether ``cache_dtype`` can be used with ``config`` on this device."""
         return self.cache_dtype_problem(cache_dtype, config) is None
 
+    def fp8_name_problem(self) -> str | None:
+        """What is wrong with :attr:`fp8_dtype_name`, or None when it names one of the
+        float8 formats hwplug's kernels store."""
+        name = self.fp8_dtype_name
+        if isinstance(name, str) and name in FP8_TORCH_NAMES:
+            return None
+        return (
+            f"platform {self.name!r} names no fp8 format: fp8_dtype_name is {brief(name)}; "
+            f"its plugin must set it to one of {', '.join(FP8_TORCH_NAMES)}"
+        )
+
     def fp8_dtype(self) -> torch.dtype:
-        """The torch dtype that ``fp8`` stands for on this platform (imports torch)."""
+        """The torch dtype that ``fp8`` stands for on this platform (imports torch).
+
+        :raises PluginError: :attr:`fp8_dtype_name` names no float8 format.
+        """
+        problem = self.fp8_name_problem()
+        if problem is not None:
+            from hwplug.core.errors import PluginError
+
+            raise PluginError(problem)
         import torch
 
         dtype = getattr(torch, self.fp8_dtype_name)
@@ -517,7 +551,7 @@ class Platform:
 
     def is_fp8_fnuz(self) -> bool:
         """Whether ``fp8`` uses the FNUZ encoding (no negative zero, no infinities)."""
-        return self.fp8_dtype_name.endswith("fnuz")
+        return isinstance(self.fp8_dtype_name, str) and self.fp8_dtype_name.endswith("fnuz")
 
     # -- model dtypes -------------------------------------------------------------
     def supported_model_dtypes(self) -> tuple[str, ...]:

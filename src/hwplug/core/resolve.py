@@ -34,6 +34,7 @@ import functools
 import inspect
 import json
 import logging
+import re
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
@@ -527,11 +528,52 @@ def resolve(
         backend = _step_attention(work, platform, changes, attention_backends)
     _step_finalise(work, platform, changes, backend)
     _step_shared_checks(work)
-    with _guarded(changes, "verify_config", name, may_change=False):
-        with _acting_as(f"platform:{platform.name}"):
-            platform.verify_config(work)
-        _call_hook(hooks, "hwplug_verify_config", config=work, platform=platform)
+    _step_fp8_name(work, platform, changes)
+    try:
+        with _guarded(changes, "verify_config", name, may_change=False):
+            with _acting_as(f"platform:{platform.name}"):
+                platform.verify_config(work)
+            _call_hook(hooks, "hwplug_verify_config", config=work, platform=platform)
+    except ConfigError as exc:
+        raise _with_provenance(exc, changes) from exc
     return Resolution(work, platform, list(changes.changes))
+
+
+_FIELD = re.compile(r"\b([a-z_]+\.[a-z_]+)=")
+
+
+def _with_provenance(exc: ConfigError, changes: ChangeLog) -> ConfigError:
+    """``exc`` saying who set each field it names that the user did not set (a refusal of
+    a value the platform or a plugin filled must not read as the user's mistake)."""
+    message = str(exc)
+    notes = []
+    for path in dict.fromkeys(_FIELD.findall(message)):
+        if changes.was_set(path):
+            continue
+        made = [c for c in changes.changes if c.path == path]
+        if made:
+            last = made[-1]
+            notes.append(f"{path} was set by {last.source} ({last.reason}), not by the user")
+    if not notes:
+        return exc
+    return ConfigError(f"{message} [{'; '.join(notes)}]")
+
+
+def _step_fp8_name(config: EngineConfig, platform: Platform, changes: ChangeLog) -> None:
+    """A cache dtype that means "the platform's fp8" needs the platform to name one."""
+    from hwplug.core.dtypes import CACHE_DTYPE_FORMATS
+
+    cache_dtype = config.cache.cache_dtype
+    fmt = CACHE_DTYPE_FORMATS.get(cache_dtype)
+    if fmt is None or fmt.torch_name is not None or cache_dtype == "auto":
+        return
+    problem = platform.fp8_name_problem()
+    if problem is not None:
+        raise ConfigError(
+            f"cache.cache_dtype={cache_dtype!r} (set by {_who_set(changes, 'cache.cache_dtype')}) "
+            f"cannot be used on {platform.describe_device()}: {problem}; use cache.cache_dtype="
+            "'auto' or 'bfloat16'"
+        )
 
 
 def _step_copy(config: EngineConfig, changes: ChangeLog) -> None:
