@@ -213,13 +213,94 @@ def _print_json(data: Any) -> None:
 def _table(title: str, *columns: str) -> Table:
     table = Table(title=Text(title, style="bold"), title_justify="left")
     for column in columns:
-        table.add_column(column, overflow="fold")
+        # a header is never broken inside a word
+        table.add_column(
+            column, overflow="fold", min_width=max(map(len, column.split()), default=1)
+        )
     return table
+
+
+_LONGEST_WORD = 40
+"""Words up to this long are kept whole in a table cell."""
+
+_READABLE = 16
+"""Fewest columns a wrapped table cell may get before rows are printed as blocks instead."""
+
+
+def _plain(cell: object) -> list[str]:
+    """The lines of a table cell's text."""
+    return (cell.plain if isinstance(cell, Text) else str(cell)).splitlines() or [""]
+
+
+def _print_table(console: Console, table: Table) -> None:
+    """Print ``table``; when the console is too narrow for its columns (headers whole,
+    paths and names kept whole), print each row as a block instead: the first cell as a
+    heading, then one line per other column, its text wrapped (no column is dropped)."""
+    columns = table.columns
+    chrome = 3 * len(columns) + 1  # borders and padding
+    # whole headers, paths and words (a word longer than 40 may still fold)
+    least = [
+        max(
+            column.min_width or 1,
+            min(
+                _LONGEST_WORD,
+                max((len(w) for c in column.cells for w in " ".join(_plain(c)).split()), default=1),
+            ),
+        )
+        for column in columns
+    ]
+    natural = [
+        max(
+            [
+                len(str(column.header)),
+                *(len(line) for cell in column.cells for line in _plain(cell)),
+            ]
+        )
+        for column in columns
+    ]
+    room = console.width - chrome
+    if sum(natural) <= room:
+        console.print(table)
+        return
+    if sum(least) <= room:
+        # fixed widths: each column its least, the rest shared by what each would like
+        # more; cells then wrap inside their column (no column is cut off)
+        widths = list(least)
+        extra = room - sum(widths)
+        while extra > 0:  # water-filling: the spare columns go equally to those wanting more
+            wanting = [i for i, w in enumerate(widths) if w < natural[i]]
+            if not wanting:
+                break
+            share = max(1, extra // len(wanting))
+            for i in wanting:
+                grant = min(share, natural[i] - widths[i], extra)
+                widths[i] += grant
+                extra -= grant
+        if all(w >= min(n, _READABLE) for w, n in zip(widths, natural)):
+            for column, width in zip(columns, widths):
+                column.width = width
+            console.print(table)
+            return
+    if table.title is not None:
+        console.print(table.title)
+    columns = table.columns
+    rows = list(zip(*(list(column.cells) for column in columns)))
+    label = max(len(str(column.header)) for column in columns[1:]) if len(columns) > 1 else 0
+    for row in rows:
+        value = row[0].plain if isinstance(row[0], Text) else str(row[0])
+        console.print(Text.assemble((f"{columns[0].header} ", "dim"), (value, "bold")))
+        block = Table.grid(padding=(0, 1))
+        block.add_column(no_wrap=True, min_width=label + 2)
+        block.add_column(overflow="fold")
+        for column, cell in zip(columns[1:], row[1:]):
+            block.add_row(Text(f"  {column.header}"), cell)
+        console.print(block)
 
 
 def _keep_whole(table: Table, column: int, texts: Iterable[str], limit: int = 40) -> None:
     """Give ``column`` room for its longest text (up to ``limit``): field paths and
-    plugin names are read whole; the other cells fold around them."""
+    plugin names are read whole; the other cells fold around them (or, on a console
+    too narrow for that, :func:`_print_table` prints the rows as blocks)."""
     width = max((len(text) for text in texts), default=0)
     table.columns[column].min_width = min(width, limit)
 
@@ -342,7 +423,7 @@ def info(
     )
     for i, device in enumerate(platform.devices):
         devices.add_row(*_device_row(i, device))
-    console.print(devices)
+    _print_table(console, devices)
     candidates = _table(
         "Candidate platforms",
         "platform",
@@ -364,7 +445,7 @@ def info(
         candidates.add_row(
             *_cells(c.name, c.plugin, c.distribution, c.priority, probe, len(c.devices), chosen)
         )
-    console.print(candidates)
+    _print_table(console, candidates)
     _print_plugins(console, manager)
 
 
@@ -374,12 +455,12 @@ def _print_plugins(console: Console, manager: HwplugPluginManager) -> None:
         table.add_row(
             *_cells(p.name, p.group, p.distribution, p.version, p.value, "yes" if p.builtin else "")
         )
-    console.print(table)
+    _print_table(console, table)
     if manager.failures:
         failed = _table("Plugins that failed", "plugin", "distribution", "stage", "error")
         for f in manager.failures:
             failed.add_row(*_cells(f.plugin, f.distribution, f.stage, f.error))
-        console.print(failed)
+        _print_table(console, failed)
 
 
 @app.command()
@@ -458,7 +539,7 @@ def profiles(
                 ", ".join(sorted(dev.features)),
             )
         )
-    console.print(table)
+    _print_table(console, table)
 
 
 # --------------------------------------------------------------------------- resolve
@@ -668,7 +749,7 @@ def resolve(
             mark = " *" if path in changed else ""
             table.add_row(*_cells(path + mark, _value_text(value)))
     _keep_whole(table, 0, (f"{s}.{n} *" for s, fields in data["config"].items() for n in fields))
-    console.print(table)
+    _print_table(console, table)
     changes = _table(
         f"Changes ({len(resolution.changes)})", "field", "old", "new", "source", "reason"
     )
@@ -684,7 +765,7 @@ def resolve(
                 change["reason"],
             )
         )
-    console.print(changes)
+    _print_table(console, changes)
 
 
 # --------------------------------------------------------------------------- matrix
@@ -770,7 +851,7 @@ def matrix(
                     row.attention_backend or "none",
                 )
             )
-        console.print(table)
+        _print_table(console, table)
 
 
 # --------------------------------------------------------------------------- conformance
@@ -842,6 +923,6 @@ def conformance(
     for result in report.results:
         check_cell, _, reason_cell = _cells(f"{result.id} {result.title}", "", result.reason)
         table.add_row(check_cell, Text(result.outcome, style=styles[result.outcome]), reason_cell)
-    console.print(table)
+    _print_table(console, table)
     _line(console, (report.summary(), "bold green" if report.ok else "bold red"))
     return 0 if report.ok else 1
