@@ -291,3 +291,17 @@ def test_any_set_text_is_accepted_or_one_clean_error(cli, section, field, value,
     assert result.returncode in (0, 2)
     if result.returncode == 2:
         assert_user_error(result)
+
+
+def test_near_misses_get_a_suggestion_and_environment_errors_name_the_variable() -> None:
+    from tests.cli.conftest import assert_user_error, run_hwplug
+
+    assert_user_error(run_hwplug("resolve", "--simulate", "h1000"), "(did you mean 'h100'?)")
+    assert_user_error(
+        run_hwplug("info", env={"HWPLUG_SIMULATE": "h1000"}),
+        "HWPLUG_SIMULATE=h1000: unknown device profile 'h1000' (did you mean 'h100'?)",
+    )
+    assert_user_error(
+        run_hwplug("info", env={"HWPLUG_PLATFORM": "cudaa"}),
+        "HWPLUG_PLATFORM=cudaa: unknown platform 'cudaa' (did you mean 'cuda'?)",
+    )

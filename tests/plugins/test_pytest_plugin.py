@@ -235,7 +235,7 @@ def test_header_reports_simulation_and_errors(pytester, monkeypatch) -> None:
     result = pytester.runpytest()
     result.assert_outcomes(passed=1)
     result.stdout.fnmatch_lines(
-        ["hwplug: platform detection failed: ConfigError: unknown device profile 'nosuchdevice'*"]
+        ["hwplug: platform detection failed: ConfigError: HWPLUG_SIMULATE=nosuchdevice: unknown *"]
     )
 
 

@@ -56,6 +56,12 @@ def op_names(target: object) -> frozenset[str]:
     return frozenset()
 
 
+def _is_float(node: torch.fx.Node) -> bool:
+    """Whether ``node`` computes a Python float (concrete or symbolic), not a tensor."""
+    value = node.meta.get("example_value", node.meta.get("val"))
+    return isinstance(value, (float, torch.SymFloat))
+
+
 def split_graph(
     gm: torch.fx.GraphModule, splitting_ops: Iterable[str]
 ) -> tuple[torch.fx.GraphModule, list[str], list[str]]:
@@ -68,15 +74,33 @@ def split_graph(
     ops the whole graph is one piece.
     """
     wanted = {_normalise(op) for op in splitting_ops}
+
+    def splits(node: torch.fx.Node) -> bool:
+        return node.op == "call_function" and bool(wanted) and bool(op_names(node.target) & wanted)
+
+    # A float computed only for splitting ops (a module's float attribute that Dynamo
+    # turned into a tensor and reads back with item(), such as attention's scale) is
+    # computed in the splitting op's own piece: a compiled piece cannot return a float.
+    travelling = {
+        node
+        for node in gm.graph.nodes
+        if node.op not in ("placeholder", "output")
+        and _is_float(node)
+        and node.users
+        and all(splits(user) for user in node.users)
+    }
     piece = 0
     assignment: dict[torch.fx.Node, int] = {}
     splitting_ids: set[int] = set()
     for node in gm.graph.nodes:
-        if node.op in ("placeholder", "output"):
+        if node.op in ("placeholder", "output") or node in travelling:
             continue
-        if node.op == "call_function" and wanted and op_names(node.target) & wanted:
+        if splits(node):
             piece += 1
             assignment[node] = piece
+            for arg in node.all_input_nodes:
+                if arg in travelling and arg not in assignment:
+                    assignment[arg] = piece
             splitting_ids.add(piece)
             piece += 1
         else:

@@ -20,7 +20,7 @@ import functools
 import logging
 import os
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from hwplug.core.errors import ConfigError, PluginError, brief, error_line
@@ -316,13 +316,22 @@ def instantiate(entry: PlatformEntry, devices: tuple[DeviceInfo, ...]) -> Platfo
     return _start(entry, lambda: entry.cls(devices))
 
 
+def did_you_mean(word: str, choices: Iterable[str]) -> str:
+    """`` (did you mean 'h100'?)`` for a near miss among ``choices``, else ``""``."""
+    import difflib
+
+    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
 def simulate(pm: HwplugPluginManager, spec: str) -> Platform:
     """The platform simulating profile ``spec`` (``"h100"`` or ``"h100:8"``)."""
     profile, _count = parse_profile_spec(spec)
     known = pm.known_profiles()
     if profile not in known:
         raise ConfigError(
-            f"unknown device profile {profile!r}; known profiles: {', '.join(sorted(known))}"
+            f"unknown device profile {profile!r}{did_you_mean(profile, known)}; known "
+            f"profiles: {', '.join(sorted(known))}"
         )
     entry = pm.platform_entries()[known[profile][0]]
     return _start(entry, lambda: entry.cls.simulate(spec))
@@ -333,7 +342,8 @@ def _entry(pm: HwplugPluginManager, name: str) -> PlatformEntry:
     entry = entries.get(name.strip().lower())
     if entry is None:
         raise ConfigError(
-            f"unknown platform {name!r}; known platforms: {', '.join(sorted(entries))}"
+            f"unknown platform {name!r}{did_you_mean(name.strip().lower(), entries)}; known "
+            f"platforms: {', '.join(sorted(entries))}"
         )
     return entry
 
@@ -357,9 +367,10 @@ def platform_from_spec(pm: HwplugPluginManager, spec: str) -> Platform:
     if name in entries:
         raise ConfigError(f"{spec!r}: a device count needs a profile name, as in 'h100:8'")
     if name not in pm.known_profiles():
+        hint = did_you_mean(name, [*entries, *pm.known_profiles()])
         raise ConfigError(
-            f"unknown platform or profile {spec!r}; platforms: {', '.join(sorted(entries))}; "
-            f"profiles: {', '.join(sorted(pm.known_profiles()))}"
+            f"unknown platform or profile {spec!r}{hint}; platforms: "
+            f"{', '.join(sorted(entries))}; profiles: {', '.join(sorted(pm.known_profiles()))}"
         )
     return simulate(pm, text)
 
@@ -374,7 +385,10 @@ def select(pm: HwplugPluginManager, env: Mapping[str, str] | None = None) -> Sel
     forced = environ.get(PLATFORM_ENV, "").strip().lower()
     spec = environ.get(SIMULATE_ENV, "").strip()
     if spec:
-        platform = simulate(pm, spec)
+        try:
+            platform = simulate(pm, spec)
+        except ConfigError as exc:
+            raise ConfigError(f"{SIMULATE_ENV}={spec}: {exc}") from None
         if forced and forced != platform.name:
             raise ConfigError(
                 f"{SIMULATE_ENV}={spec} is a {platform.name} profile but "
@@ -394,7 +408,10 @@ def select(pm: HwplugPluginManager, env: Mapping[str, str] | None = None) -> Sel
         )
         return Selection(platform, candidates, f"{SIMULATE_ENV}={spec}")
     if forced:
-        entry = _entry(pm, forced)
+        try:
+            entry = _entry(pm, forced)
+        except ConfigError as exc:
+            raise ConfigError(f"{PLATFORM_ENV}={forced}: {exc}") from None
         candidate = pm.detect(entry)
         if not candidate.present:
             why = f" ({candidate.error})" if candidate.error else ""

@@ -109,13 +109,26 @@ def _parser() -> argparse.ArgumentParser:
         metavar="SECTION.FIELD=VALUE",
         help="a config value (repeatable)",
     )
-    parser.add_argument("--max-tokens", type=int, required=True)
+    parser.add_argument(
+        "--max-tokens", type=int, required=True, help="tokens to generate per prompt"
+    )
     prompts = parser.add_mutually_exclusive_group(required=True)
-    prompts.add_argument("--prompt-ids", metavar="JSON", help="[[ids...], ...]")
-    prompts.add_argument("--random-prompts", metavar="COUNTxLEN")
-    parser.add_argument("--temperature", type=float, default=0.0)
-    parser.add_argument("--seed", type=int, default=None)
-    parser.add_argument("--ignore-eos", action="store_true")
+    prompts.add_argument("--prompt-ids", metavar="JSON", help="token ids: [[ids...], ...]")
+    prompts.add_argument(
+        "--random-prompts", metavar="COUNTxLEN", help="COUNT random prompts of LEN tokens (4x32)"
+    )
+    parser.add_argument(
+        "--temperature",
+        type=float,
+        default=0.0,
+        help="sampling temperature; below 1e-5 (the default, 0) is greedy",
+    )
+    parser.add_argument(
+        "--seed", type=int, default=None, help="sampling seed, any int (default: fresh entropy)"
+    )
+    parser.add_argument(
+        "--ignore-eos", action="store_true", help="keep generating past end-of-sequence tokens"
+    )
     parser.add_argument("--json", action="store_true", help="print outputs and stats as JSON")
     return parser
 

@@ -78,8 +78,8 @@ def make_checkpoint(
         "bos_token_id": 1,
         "eos_token_id": eos_token_id,
     }
-    if head_dim is not None:
-        kwargs["head_dim"] = head_dim
+    # hidden / heads unless given (transformers' Qwen3 would default to 128 whatever the width)
+    kwargs["head_dim"] = head_dim if head_dim is not None else hidden // heads
     if rope_scaling is not None:
         kwargs["rope_scaling"] = dict(rope_scaling)
     kwargs.update(config_overrides or {})
@@ -104,21 +104,47 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m tiny_engine.make_checkpoint",
         description="Write a small random Hugging Face checkpoint (needs transformers).",
     )
-    parser.add_argument("directory", type=Path)
-    parser.add_argument("--arch", choices=sorted(ARCHS), default="llama")
-    parser.add_argument("--layers", type=int, default=2)
-    parser.add_argument("--hidden", type=int, default=64)
-    parser.add_argument("--heads", type=int, default=4)
-    parser.add_argument("--kv-heads", type=int, default=2)
-    parser.add_argument("--head-dim", type=int, default=None)
-    parser.add_argument("--intermediate", type=int, default=None)
-    parser.add_argument("--vocab", type=int, default=256)
-    parser.add_argument("--max-positions", type=int, default=512)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--init-std", type=float, default=0.02)
+    parser.add_argument("directory", type=Path, help="where to write the checkpoint")
+    parser.add_argument(
+        "--arch", choices=sorted(ARCHS), default="llama", help="model family (default: llama)"
+    )
+    parser.add_argument("--layers", type=int, default=2, help="decoder layers (default: 2)")
+    parser.add_argument("--hidden", type=int, default=64, help="hidden size (default: 64)")
+    parser.add_argument("--heads", type=int, default=4, help="attention heads (default: 4)")
+    parser.add_argument(
+        "--kv-heads", type=int, default=2, help="key/value heads, dividing --heads (default: 2)"
+    )
+    parser.add_argument(
+        "--head-dim", type=int, default=None, help="head size (default: hidden / heads)"
+    )
+    parser.add_argument(
+        "--intermediate", type=int, default=None, help="MLP width (default: 2 x hidden)"
+    )
+    parser.add_argument("--vocab", type=int, default=256, help="vocabulary size (default: 256)")
+    parser.add_argument(
+        "--max-positions",
+        type=int,
+        default=512,
+        help="max_position_embeddings, the longest sequence (default: 512)",
+    )
+    parser.add_argument("--seed", type=int, default=0, help="random seed (default: 0)")
+    parser.add_argument(
+        "--init-std",
+        type=float,
+        default=0.02,
+        help="weights' standard deviation; larger spreads the logits (default: 0.02)",
+    )
     parser.add_argument("--tie", action="store_true", help="tie the LM head to the embedding")
-    parser.add_argument("--rope-scaling", type=json.loads, default=None, metavar="JSON")
-    parser.add_argument("--shard-size", default=None, help="e.g. 20KB: write sharded weights")
+    parser.add_argument(
+        "--rope-scaling",
+        type=json.loads,
+        default=None,
+        metavar="JSON",
+        help='rope scaling, as in \'{"rope_type": "linear", "factor": 2.0}\'',
+    )
+    parser.add_argument(
+        "--shard-size", default=None, help="write sharded weights of at most this size (20KB)"
+    )
     args = parser.parse_args(argv)
     try:
         path = make_checkpoint(
