@@ -405,3 +405,29 @@ def test_repr_summarises_the_latest_graph() -> None:
     assert "pieces=5" in repr(backend)
     assert "splitting=2" in repr(backend)
     assert len(copy.copy(backend.piece_names)) == 5
+
+
+def test_a_float_computed_for_a_splitting_op_is_computed_in_its_piece() -> None:
+    """A compiled piece cannot return a Python float: a float that only feeds a splitting
+    op (a module's float attribute read back with item()) goes with the op."""
+    import torch
+
+    from hwplug.compilation.piecewise import split_graph
+
+    graph = torch.fx.Graph()
+    x = graph.placeholder("x")
+    t = graph.placeholder("t")
+    scale = graph.call_method("item", (t,))
+    scale.meta["example_value"] = 0.5
+    y = graph.call_function(torch.ops.aten.relu.default, (x,))
+    z = graph.call_function(torch.ops.aten.mul.Scalar, (y, scale))
+    w = graph.call_function(torch.ops.aten.relu.default, (z,))
+    graph.output(w)
+    gm = torch.fx.GraphModule(torch.nn.Module(), graph)
+    split_gm, names, splitting = split_graph(gm, ["aten.mul"])
+    assert len(splitting) == 1
+    assert "item" in getattr(split_gm, splitting[0]).code
+    first = getattr(split_gm, names[0]).code
+    assert "item" not in first
+    out = split_gm(torch.tensor([-1.0, 2.0]), torch.tensor(3.0))
+    assert out.tolist() == [0.0, 6.0]

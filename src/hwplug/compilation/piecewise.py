@@ -56,6 +56,11 @@ def op_names(target: object) -> frozenset[str]:
     return frozenset()
 
 
+def _position(gm: torch.fx.GraphModule) -> Callable[[torch.fx.Node], int]:
+    order = {node: i for i, node in enumerate(gm.graph.nodes)}
+    return order.__getitem__
+
+
 def _is_float(node: torch.fx.Node) -> bool:
     """Whether ``node`` computes a Python float (concrete or symbolic), not a tensor."""
     value = node.meta.get("example_value", node.meta.get("val"))
@@ -89,6 +94,11 @@ def split_graph(
         and node.users
         and all(splits(user) for user in node.users)
     }
+    for node in travelling:  # just before the first op it feeds: pieces stay in order
+        first_user = min(node.users, key=_position(gm))
+        first_user.prepend(node)
+    if travelling:
+        gm.recompile()
     piece = 0
     assignment: dict[torch.fx.Node, int] = {}
     splitting_ids: set[int] = set()
