@@ -13,18 +13,23 @@ help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/' | expand -t 14
 
 $(BIN)/python:
+	@echo "== creating $(VENV) (a virtual environment for hwplug and its tools)"
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 
 $(STAMP): $(BIN)/python pyproject.toml examples/acme_npu/pyproject.toml examples/tiny_engine/pyproject.toml tests/vendor/zeta_tpu/pyproject.toml
+	@echo "== installing $(TORCH_PIN) (the CPU build; about a minute on a new machine)"
 	$(BIN)/pip install --quiet $(TORCH_PIN)
+	@echo "== installing hwplug (editable) with its test, docs, triton and engine extras"
 	$(BIN)/pip install --quiet -e ".[test,docs,triton,engine]"
+	@echo "== installing the third-party plugins the suite runs with, and tiny_engine (with Ray)"
 	# The suite must pass with third-party plugins installed: the example vendor plugin and
 	# a second one written from the docs alone (tests/vendor/zeta_tpu).
 	$(BIN)/pip install --quiet --no-deps --no-build-isolation ./examples/acme_npu ./tests/vendor/zeta_tpu
 	# The example engine (its tests compare it with transformers and run its Ray executor).
 	$(BIN)/pip install --quiet --no-build-isolation -e "./examples/tiny_engine[checkpoints,ray]"
 	touch $(STAMP)
+	@echo "== set-up done: $(VENV)"
 
 setup: $(STAMP) ## create .venv and install hwplug with every extra the tests and docs need
 

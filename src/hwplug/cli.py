@@ -24,7 +24,7 @@ import logging
 import os
 import sys
 import warnings
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -204,6 +204,19 @@ def _console() -> Console:
     if width is None and not console.is_terminal:
         console = Console(highlight=False, width=_PIPE_WIDTH, soft_wrap=False)
     return console
+
+
+@contextlib.contextmanager
+def _status(*, quiet: bool) -> Iterator[Callable[[str], None]]:
+    """A status line on stderr for long work, on a terminal only (nothing under ``--json``
+    or when stderr is not a terminal); yields the function that updates it."""
+    import sys
+
+    if quiet or not sys.stderr.isatty():
+        yield lambda text: None
+        return
+    with Console(stderr=True).status("") as status:
+        yield status.update
 
 
 def _print_json(data: Any) -> None:
@@ -908,9 +921,15 @@ def conformance(
             raise CliError(f"--timeout {timeout!r}: give a positive number of seconds, as in 300")
         limit["timeout"] = seconds
     platform = load_platform(name, profile)
-    report = run_checks(
-        platform, kinds=kinds, skip=skip, context=CheckContext.for_platform(platform, **limit)
-    )
+    context = CheckContext.for_platform(platform, **limit)
+    with _status(quiet=as_json) as show:
+        report = run_checks(
+            platform,
+            kinds=kinds,
+            skip=skip,
+            context=context,
+            progress=lambda id, title, i, n: show(f"{id} {title} ({i + 1}/{n})"),
+        )
     if as_json:
         _print_json(report.to_dict())
         return 0 if report.ok else 1

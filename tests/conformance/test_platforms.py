@@ -324,3 +324,17 @@ def test_fp8_without_a_format_name_is_refused_at_resolution_with_the_fix() -> No
     message = str(info.value)
     assert "cache.cache_dtype='fp8' (set by the user) cannot be used" in message
     assert "its plugin must set it to one of float8_e4m3fn" in message
+
+
+def test_run_checks_reports_progress_before_each_check() -> None:
+    seen: list[tuple[str, int, int]] = []
+    report = run_checks(
+        "cpu",
+        kinds=("rule",),
+        skip={"R02": "slow", "R08": "slow"},
+        progress=lambda id, title, i, n: seen.append((id, i, n)),
+    )
+    ids = [r.id for r in report.results]
+    assert [s[0] for s in seen] == ids
+    assert [s[1] for s in seen] == list(range(len(ids)))
+    assert {s[2] for s in seen} == {len(ids)}

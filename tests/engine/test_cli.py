@@ -155,3 +155,27 @@ def test_make_checkpoint_writes_a_sharded_checkpoint(tmp_path: Path) -> None:
     assert json.loads((tmp_path / "ck" / "config.json").read_text())["architectures"] == [
         "Qwen3ForCausalLM"
     ]
+
+
+def test_start_up_phases_are_logged_for_the_status_line(
+    llama: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    import logging
+
+    from tiny_engine import LLM
+
+    from tests.engine.conftest import cpu_config
+
+    with caplog.at_level(logging.INFO, logger="tiny_engine"):
+        LLM(llama, config=cpu_config()).close()
+    messages = [r.getMessage() for r in caplog.records if r.name == "tiny_engine"]
+    assert any(m.startswith("starting 1 rank (uni executor)") for m in messages)
+    assert any("profiling its largest step" in m for m in messages)
+    assert any(m.startswith("allocating") for m in messages)
+    assert any(m.startswith("ready in") for m in messages)
+
+
+def test_piped_output_has_no_status_line(llama: Path) -> None:
+    result = run("--model", str(llama), "--max-tokens", "2", "--random-prompts", "1x3", "--json")
+    assert result.returncode == 0, result.stderr
+    assert result.stderr == ""

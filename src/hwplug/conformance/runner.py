@@ -9,7 +9,7 @@ import logging
 import threading
 import time
 import warnings
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, Literal
 
 from hwplug.conformance.base import (
@@ -169,13 +169,15 @@ def run_checks(
     kinds: Iterable[str] = KINDS,
     skip: Mapping[str, str] | None = None,
     context: CheckContext | None = None,
+    progress: Callable[[str, str, int, int], None] | None = None,
 ) -> Report:
     """Run the checks of ``kinds`` on a platform, a platform name or a profile.
 
     A name means the detected device, else the platform's representative
     profile. ``skip`` maps check ids to the reason each is skipped (it is
     reported). A check that raises anything other than its verdict fails,
-    naming the exception.
+    naming the exception. ``progress(id, title, index, total)`` is called
+    before each check (the CLI's status line).
 
     :raises ConfigError: an unknown platform, profile, kind or check id, or a
         skip without a reason.
@@ -195,11 +197,12 @@ def run_checks(
             f"{type(platform_or_profile).__name__}"
         )
     ctx = context if context is not None else CheckContext.for_platform(platform)
-    results = [
-        run_one(check_id, platform, ctx, skip_reason=skips.get(check_id))
-        for check_id, item in CHECKS.items()
-        if item.kind in chosen
-    ]
+    chosen_checks = [item for item in CHECKS.values() if item.kind in chosen]
+    results = []
+    for index, item in enumerate(chosen_checks):
+        if progress is not None:
+            progress(item.id, item.title, index, len(chosen_checks))
+        results.append(run_one(item.id, platform, ctx, skip_reason=skips.get(item.id)))
     return Report(
         platform=platform.name,
         profile=platform.profile,

@@ -10,9 +10,11 @@ setting) exits with status 2 and one line on stderr.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import re
 import sys
+from collections.abc import Iterator
 from typing import Any, NoReturn
 
 __all__ = ["check_random_prompts", "main", "parse_prompts", "parse_random_prompts"]
@@ -154,6 +156,37 @@ def main(argv: list[str] | None = None) -> int:
         return 1
 
 
+@contextlib.contextmanager
+def _progress(*, quiet: bool) -> Iterator[None]:
+    """Show the engine's start-up phases as one status line on stderr, on a terminal only
+    (nothing under ``--json`` or when stderr is not a terminal)."""
+    import logging
+
+    if quiet or not sys.stderr.isatty():
+        yield
+        return
+    from rich.console import Console
+
+    console = Console(stderr=True)
+    engine_logger = logging.getLogger("tiny_engine")
+
+    with console.status("starting") as status:
+
+        class ToStatus(logging.Handler):
+            def emit(self, record: logging.LogRecord) -> None:
+                status.update(record.getMessage())
+
+        handler = ToStatus(logging.INFO)
+        level = engine_logger.level
+        engine_logger.addHandler(handler)
+        engine_logger.setLevel(logging.INFO)
+        try:
+            yield
+        finally:
+            engine_logger.removeHandler(handler)
+            engine_logger.setLevel(level)
+
+
 def _run(args: argparse.Namespace) -> int:
     import torch
 
@@ -167,7 +200,10 @@ def _run(args: argparse.Namespace) -> int:
     else:
         count, length = parse_random_prompts(args.random_prompts)
         prompts = None
-    with LLM(args.model, config=config, platform=args.platform, device=args.device) as llm:
+    with (
+        _progress(quiet=args.json),
+        LLM(args.model, config=config, platform=args.platform, device=args.device) as llm,
+    ):
         if prompts is None:
             check_random_prompts(count, length, llm.config.model.max_model_len)
             generator = torch.Generator().manual_seed(sequence_seed(args.seed or 0, -1))

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import logging
 import math
 import secrets
 import threading
@@ -54,6 +55,9 @@ from tiny_engine.scheduler import Sequence as Seq
 from tiny_engine.worker import WorkerSpec
 
 __all__ = ["LLM", "engine_config_for"]
+
+logger = logging.getLogger("tiny_engine")
+"""Start-up phases are logged at INFO (the CLI shows them as a status line on a terminal)."""
 
 GREEDY_BELOW = 1e-5
 """Temperatures below this sample greedily (the reference engine's rule): dividing
@@ -237,7 +241,12 @@ class LLM:
             device=None if device is None else str(self.device),
             world_size=cfg.parallel.world_size,
         )
+        world = cfg.parallel.world_size
+        logger.info(
+            "starting %d rank%s (%s executor)", world, "s" if world > 1 else "", self.executor_kind
+        )
         self.executor = make_executor(self.executor_kind, spec)
+        logger.info("loading %s and profiling its largest step", self.spec.path.name)
         self.memory: dict[str, int] = self.executor.run("load")[0]
         used = max(self.memory.values())
         block_size = int(cfg.cache.block_size or 16)
@@ -260,7 +269,14 @@ class LLM:
             block_size,
             hash_fn=hash_function(algo) if cfg.cache.enable_prefix_caching else None,
         )
+        level = int(cfg.compilation.level or 0)
+        logger.info(
+            "allocating %d KV blocks%s",
+            blocks,
+            f", compiling (level {level}) and capturing graphs" if level else "",
+        )
         built = self.executor.run("init_cache", blocks, block_size)[0]
+        logger.info("ready in %.1f s of compilation and capture", float(built["compile_seconds"]))
         self.graphs_captured = int(built["graphs_captured"])
         self.compile_seconds = float(built["compile_seconds"])
         worker = self.executor.local_worker
