@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -88,8 +89,8 @@ def test_transformers_4_rope_spelling_reads_the_same(llama: Path, tmp_path: Path
     [
         ({"architectures": ["MistralForCausalLM"]}, "unsupported architecture"),
         (
-            {"rope_parameters": {"rope_type": "dynamic", "factor": 2.0}},
-            "rope_parameters.rope_type 'dynamic' is not supported",
+            {"rope_parameters": {"rope_type": "longrope", "factor": 2.0}},
+            "rope_parameters.rope_type 'longrope' is not supported",
         ),
         ({"hidden_act": "gelu"}, "hidden_act 'gelu'"),
         ({"num_attention_heads": 3}, "not a multiple"),
@@ -129,3 +130,52 @@ def test_eos_comes_from_generation_config_first(llama: Path, tmp_path: Path) -> 
     assert read_checkpoint(path).eos_token_ids == (5, 6)
     (path / "generation_config.json").unlink()
     assert read_checkpoint(path).eos_token_ids == (2,)
+
+
+@pytest.mark.parametrize(
+    ("rope_scaling", "message"),
+    [
+        ({"rope_type": "yarn", "factor": 4.0, "beta_fast": "x"}, "rope_scaling.beta_fast"),
+        ({"rope_type": "yarn", "factor": 4.0, "truncate": "yes"}, "truncate must be true or false"),
+        ({"rope_type": "yarn"}, "rope_scaling.factor is needed by rope_type 'yarn'"),
+        ({"rope_type": "longrope", "factor": 4.0}, "rope_type 'longrope' is not supported"),
+        ({"rope_type": "default", "partial_rotary_factor": 0.5}, "partial_rotary_factor=0.5"),
+    ],
+)
+def test_rope_scalings_that_cannot_be_served_are_checkpoint_errors(
+    llama: Path, tmp_path: Path, rope_scaling: dict[str, object], message: str
+) -> None:
+    import json
+    import shutil
+
+    from tiny_engine import CheckpointError, read_checkpoint
+
+    target = tmp_path / "rope"
+    shutil.copytree(llama, target)
+    config = json.loads((target / "config.json").read_text())
+    config.pop("rope_parameters", None)
+    config["rope_scaling"] = rope_scaling
+    (target / "config.json").write_text(json.dumps(config))
+    with pytest.raises(CheckpointError, match=re.escape(message)):
+        read_checkpoint(target)
+
+
+def test_dynamic_rope_is_served_within_its_original_context(llama: Path, tmp_path: Path) -> None:
+    import json
+    import shutil
+
+    from tiny_engine import LLM
+
+    target = tmp_path / "dynamic"
+    shutil.copytree(llama, target)
+    config = json.loads((target / "config.json").read_text())
+    config.pop("rope_parameters", None)
+    config["rope_scaling"] = {
+        "rope_type": "dynamic",
+        "factor": 2.0,
+        "original_max_position_embeddings": 64,
+    }
+    (target / "config.json").write_text(json.dumps(config))
+    llm = LLM(target, config={"model": {"dtype": "float32", "enforce_eager": True}})
+    assert llm.config.model.max_model_len == 64
+    llm.close()

@@ -2,7 +2,8 @@
 
 Hypothesis draws the checkpoint (architecture, head size 32-256, query/key-value
 head ratio 1-8, head size unequal to hidden/heads, tied or untied embeddings,
-q/k/v and MLP biases, q/k norms, random norm weights, rope theta and scaling,
+q/k/v and MLP biases, q/k norms, random norm weights, rope theta and scaling
+(default, linear, llama3, yarn, dynamic),
 sliding windows), the prompts (lengths on and off block edges, batched and
 alone) and the engine's scheduling (chunked prefill with small budgets, prefix
 caching), then compares tiny_engine's fp32 greedy tokens with transformers'
@@ -95,9 +96,21 @@ def shapes(
         overrides.update(
             {"use_sliding_window": True, "sliding_window": window, "layer_types": kinds}
         )
-    scaling = draw(st.sampled_from(["default", "linear", "llama3"]))
+    scaling = draw(st.sampled_from(["default", "linear", "llama3", "yarn", "dynamic"]))
     rope_scaling: dict[str, Any] | None = None
-    if scaling == "linear":
+    if scaling == "yarn":
+        rope_scaling = {
+            "rope_type": "yarn",
+            "factor": draw(st.sampled_from([2.0, 4.0, 8.0])),
+            "original_max_position_embeddings": draw(st.sampled_from([16, 32, 64])),
+        }
+        if draw(st.booleans()):
+            rope_scaling["beta_fast"] = draw(st.sampled_from([8.0, 16.0]))
+        if draw(st.booleans()):
+            rope_scaling.update({"mscale": 1.0, "mscale_all_dim": 0.5})
+    elif scaling == "dynamic":
+        rope_scaling = {"rope_type": "dynamic", "factor": draw(st.sampled_from([2.0, 4.0]))}
+    elif scaling == "linear":
         rope_scaling = {"rope_type": "linear", "factor": draw(st.sampled_from([2.0, 4.0]))}
     elif scaling == "llama3":
         rope_scaling = {

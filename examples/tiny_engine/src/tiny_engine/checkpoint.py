@@ -36,8 +36,9 @@ ARCHITECTURES: dict[str, str] = {
 }
 """The ``architectures`` this engine serves -> its name for the model family."""
 
-ROPE_TYPES: tuple[str, ...] = ("default", "linear", "llama3")
-"""Rotary scalings served (``dynamic`` NTK rescales per batch; it and ``yarn`` are not)."""
+ROPE_TYPES: tuple[str, ...] = ("default", "linear", "llama3", "yarn", "dynamic")
+"""Rotary scalings served. ``dynamic`` (NTK) rescales only past the original context, so
+the engine serves it up to ``original_max_position_embeddings``; ``longrope`` is not served."""
 
 _MAX_JSON_BYTES = 4 << 20
 
@@ -56,6 +57,26 @@ class RopeSpec:
     low_freq_factor: float = 1.0
     high_freq_factor: float = 4.0
     original_max_position_embeddings: int | None = None
+    beta_fast: float = 32.0
+    beta_slow: float = 1.0
+    attention_factor: float | None = None
+    mscale: float | None = None
+    mscale_all_dim: float | None = None
+    truncate: bool = True
+
+    def attention_scaling(self) -> float:
+        """What cos and sin are multiplied by: yarn's attention factor, else 1."""
+        if self.rope_type != "yarn":
+            return 1.0
+        if self.attention_factor is not None:
+            return self.attention_factor
+
+        def mscale(scale: float, m: float = 1.0) -> float:
+            return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
+
+        if self.mscale and self.mscale_all_dim:
+            return mscale(self.factor, self.mscale) / mscale(self.factor, self.mscale_all_dim)
+        return mscale(self.factor)
 
     def inv_freq(self, head_dim: int, max_position_embeddings: int) -> torch.Tensor:
         """The inverse frequencies, ``[head_dim // 2]`` float32.
@@ -67,7 +88,8 @@ class RopeSpec:
 
         exponent = torch.arange(0, head_dim, 2, dtype=torch.int64).to(torch.float32) / head_dim
         base = 1.0 / (self.theta**exponent)
-        if self.rope_type == "default":
+        if self.rope_type in ("default", "dynamic"):
+            # dynamic NTK changes nothing within the original context (all the engine serves)
             return base
         if self.rope_type == "linear":
             return base / self.factor
@@ -83,7 +105,34 @@ class RopeSpec:
             smoothed = (1 - smooth) * scaled / self.factor + smooth * scaled
             medium = ~(wavelen < high_wavelen) * ~(wavelen > low_wavelen)
             return torch.where(medium, smoothed, scaled)
+        if self.rope_type == "yarn":
+            return self._yarn(head_dim, max_position_embeddings)
         raise CheckpointError(f"rope type {self.rope_type!r} is not supported")
+
+    def _yarn(self, dim: int, max_position_embeddings: int) -> torch.Tensor:
+        """YaRN: each frequency between extrapolation and interpolation by its rotations
+        over the original context (the same arithmetic as transformers')."""
+        import torch
+
+        original = self.original_max_position_embeddings or max_position_embeddings
+
+        def correction_dim(rotations: float) -> float:
+            return (dim * math.log(original / (rotations * 2 * math.pi))) / (
+                2 * math.log(self.theta)
+            )
+
+        low, high = correction_dim(self.beta_fast), correction_dim(self.beta_slow)
+        if self.truncate:
+            low, high = math.floor(low), math.ceil(high)
+        low, high = max(low, 0), min(high, dim - 1)
+        if low == high:
+            high += 0.001  # no division by zero
+        ramp = torch.clamp((torch.arange(dim // 2, dtype=torch.float32) - low) / (high - low), 0, 1)
+        extrapolation_factor = 1 - ramp
+        pos_freqs = self.theta ** (torch.arange(0, dim, 2).to(torch.float32) / dim)
+        extrapolation = 1.0 / pos_freqs
+        interpolation = 1.0 / (self.factor * pos_freqs)
+        return interpolation * (1 - extrapolation_factor) + extrapolation * extrapolation_factor
 
 
 @dataclasses.dataclass(frozen=True)
@@ -225,10 +274,23 @@ def _rope(config: dict[str, Any], path: Path) -> RopeSpec:
             f"{', '.join(ROPE_TYPES)}"
         )
     values: dict[str, Any] = {"theta": theta, "rope_type": rope_type}
-    for field in ("factor", "low_freq_factor", "high_freq_factor"):
+    for field in ("factor", "low_freq_factor", "high_freq_factor", "beta_fast", "beta_slow"):
         if scaling.get(field) is not None:
             values[field] = _number(scaling, field, path, 1.0, f"{where}.")
-    if rope_type != "default" and "factor" not in values:
+    for field in ("attention_factor", "mscale", "mscale_all_dim"):
+        if scaling.get(field) is not None:
+            values[field] = _number(scaling, field, path, 1.0, f"{where}.")
+    if scaling.get("truncate") is not None:
+        if not isinstance(scaling["truncate"], bool):
+            raise CheckpointError(f"{path}: {where}.truncate must be true or false")
+        values["truncate"] = scaling["truncate"]
+    partial = scaling.get("partial_rotary_factor", config.get("partial_rotary_factor"))
+    if partial is not None and partial != 1 and partial != 1.0:
+        raise CheckpointError(
+            f"{path}: partial_rotary_factor={partial!r} is not supported; tiny_engine rotates "
+            "whole heads (1.0)"
+        )
+    if rope_type not in ("default", "dynamic") and "factor" not in values:
         raise CheckpointError(f"{path}: {where}.factor is needed by rope_type {rope_type!r}")
     original = _optional_int(scaling, "original_max_position_embeddings", path, f"{where}.")
     if original is not None:

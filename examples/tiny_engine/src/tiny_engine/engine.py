@@ -137,6 +137,9 @@ def engine_config_for(
     values = {name: getattr(model, name) for name in given}
     values.update({name: value for name, (value, _) in shape.items()})
     longest = spec.max_position_embeddings
+    if spec.rope.rope_type == "dynamic" and spec.rope.original_max_position_embeddings:
+        # dynamic NTK rescales past the original context, per batch: not served beyond it
+        longest = min(longest, spec.rope.original_max_position_embeddings)
     if "max_model_len" in given:
         if model.max_model_len > longest:
             raise ConfigError(
