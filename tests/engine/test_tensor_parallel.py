@@ -335,3 +335,27 @@ def test_external_launcher_without_a_launcher_names_the_variables(
     with pytest.raises(ConfigError, match="torchrun") as info:
         LLM(qwen2, config=_config(2, "external_launcher"))
     assert "RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT" in str(info.value)
+
+
+def test_spawned_ranks_of_a_device_platform_each_see_their_own_device(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import dataclasses
+
+    from hwplug.core.config import EngineConfig
+    from hwplug.platforms.cpu import CpuPlatform
+    from hwplug.platforms.cuda import CudaPlatform
+    from tiny_engine.executor import _rank_environment
+    from tiny_engine.worker import WorkerSpec
+
+    real_gpu = CudaPlatform.simulate("h100:4")
+    real_gpu.simulated = False  # as if detected: the executor only reads its rules
+    spec = WorkerSpec(Path("/ckpt"), EngineConfig(), real_gpu, "triton", world_size=4)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,5,6,7")
+    env, local = _rank_environment(spec, 2)
+    assert env["CUDA_VISIBLE_DEVICES"] == "6" and env["HWPLUG_PLATFORM"] == "cuda"
+    assert local == 0
+    cpu = CpuPlatform.simulate("cpu-generic")
+    cpu.simulated = False
+    env, local = _rank_environment(dataclasses.replace(spec, platform=cpu), 2)
+    assert "CUDA_VISIBLE_DEVICES" not in env and local == 2

@@ -183,13 +183,15 @@ class MultiprocExecutor(Executor):
         self.world_size = spec.world_size
         ctx = mp.get_context("spawn")
         init = f"tcp://127.0.0.1:{_free_port()}"
-        env = _child_environment(spec)
         self.conns: list[Connection] = []
         self.procs: list[Any] = []
         self._closed = False
         for rank in range(spec.world_size):
             parent_end, child_end = ctx.Pipe()
-            rank_spec = dataclasses.replace(spec, rank=rank, local_rank=rank, init_method=init)
+            env, local_rank = _rank_environment(spec, rank)
+            rank_spec = dataclasses.replace(
+                spec, rank=rank, local_rank=local_rank, init_method=init
+            )
             proc = ctx.Process(
                 target=_mp_main,
                 args=(child_end, rank_spec, env, os.getpid()),
@@ -318,6 +320,23 @@ def _child_environment(spec: WorkerSpec) -> dict[str, str]:
     if plat.simulated and plat.profile:
         env = {"HWPLUG_SIMULATE": plat.profile}
     return env
+
+
+def _rank_environment(spec: WorkerSpec, rank: int) -> tuple[dict[str, str], int]:
+    """What spawned rank ``rank`` sees, and its local rank there.
+
+    On a real device platform whose visibility variable is known (CUDA, ROCm,
+    HPU, XPU, a vendor's), each rank sees only its own device (the variable set
+    to that device's physical id, through the driver's own visibility), so its
+    local rank is 0; on the CPU and simulated platforms every rank sees the host.
+    """
+    env = _child_environment(spec)
+    plat = spec.platform
+    var = plat.device_control_env_var
+    if plat.simulated or plat.device_type == "cpu" or not var or spec.device is not None:
+        return env, rank
+    env[var] = str(plat.device_id_to_physical_device_id(rank))
+    return env, 0
 
 
 # -- ray -----------------------------------------------------------------------------------
