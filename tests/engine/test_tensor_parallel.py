@@ -342,11 +342,12 @@ def test_spawned_ranks_of_a_device_platform_each_see_their_own_device(
 ) -> None:
     import dataclasses
 
+    from tiny_engine.executor import _rank_environment
+    from tiny_engine.worker import WorkerSpec
+
     from hwplug.core.config import EngineConfig
     from hwplug.platforms.cpu import CpuPlatform
     from hwplug.platforms.cuda import CudaPlatform
-    from tiny_engine.executor import _rank_environment
-    from tiny_engine.worker import WorkerSpec
 
     real_gpu = CudaPlatform.simulate("h100:4")
     real_gpu.simulated = False  # as if detected: the executor only reads its rules
