@@ -30,6 +30,7 @@ import contextlib
 import contextvars
 import copy
 import dataclasses
+import enum
 import functools
 import inspect
 import json
@@ -133,11 +134,31 @@ def user_set_fields(config: EngineConfig) -> frozenset[str]:
     return frozenset(paths)
 
 
+@functools.lru_cache(maxsize=64)
+def _field_names(section_type: type) -> tuple[str, ...]:
+    """The field names of a config section class (asked on every guarded step)."""
+    return tuple(f.name for f in dataclasses.fields(section_type))
+
+
 def _field_paths(config: EngineConfig) -> Iterator[tuple[str, Any, str]]:
     """``(path, section object, field name)`` for every field, derived ones included."""
     for section, part in _sections(config).items():
-        for f in dataclasses.fields(part):
-            yield f"{section}.{f.name}", part, f.name
+        for name in _field_names(type(part)):
+            yield f"{section}.{name}", part, name
+
+
+_IMMUTABLE = (type(None), bool, int, float, str, bytes, enum.Enum)
+
+
+def _frozen(value: Any) -> Any:
+    """``value`` as it is now: itself when it cannot change in place, else a deep copy."""
+    if isinstance(value, _IMMUTABLE):
+        return value
+    if isinstance(value, tuple) and all(isinstance(v, _IMMUTABLE) for v in value):
+        return value
+    if type(value) is list and all(isinstance(v, _IMMUTABLE) for v in value):
+        return list(value)  # a list of numbers or names (capture sizes): a shallow copy
+    return copy.deepcopy(value)
 
 
 def _same(old: Any, new: Any) -> bool:
@@ -193,7 +214,7 @@ class ChangeLog:
                 f"{', '.join(sections)}"
             )
         part = sections[section]
-        names = [f.name for f in dataclasses.fields(part)]
+        names = _field_names(type(part))
         if name not in names:
             raise ConfigError(
                 f"change path {path!r}: {section} has no field {name!r}; fields: {', '.join(names)}"
@@ -256,8 +277,7 @@ class ChangeLog:
     # -- guarding against changes made behind the log ------------------------------
     def _snapshot(self) -> dict[str, Any]:
         return {
-            path: copy.deepcopy(getattr(part, name))
-            for path, part, name in _field_paths(self._config)
+            path: _frozen(getattr(part, name)) for path, part, name in _field_paths(self._config)
         }
 
     def _unrecorded(self, before: dict[str, Any], since: int) -> list[str]:
@@ -382,7 +402,11 @@ def _check_unrecorded(step: _Step, source: str, before: dict[str, Any], since: i
         wrong = step.changes._unrecorded(before, since)
         how = "behind the change log; change fields only through changes.record(path, new, reason)"
     else:
-        wrong = [p for p in before if not _same(before[p], step.changes.get(p))]
+        wrong = [
+            path
+            for path, part, name in _field_paths(step.changes._config)
+            if not _same(before[path], getattr(part, name))
+        ]
         how = "although verification must not change the config; raise ConfigError instead"
     if not wrong:
         return
