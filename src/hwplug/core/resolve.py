@@ -134,10 +134,15 @@ def user_set_fields(config: EngineConfig) -> frozenset[str]:
     return frozenset(paths)
 
 
-@functools.lru_cache(maxsize=64)
+_FIELD_NAMES: dict[type, tuple[str, ...]] = {}
+
+
 def _field_names(section_type: type) -> tuple[str, ...]:
     """The field names of a config section class (asked on every guarded step)."""
-    return tuple(f.name for f in dataclasses.fields(section_type))
+    names = _FIELD_NAMES.get(section_type)
+    if names is None:
+        names = _FIELD_NAMES[section_type] = tuple(f.name for f in dataclasses.fields(section_type))
+    return names
 
 
 def _field_paths(config: EngineConfig) -> Iterator[tuple[str, Any, str]]:
