@@ -15,13 +15,13 @@ import dataclasses
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from hwplug.core.errors import ConfigError
 from hwplug.core.platform import Platform
-from hwplug.plugins.manager import (
-    BUILTIN_DISTRIBUTION,
-    HwplugPluginManager,
-    PlatformEntry,
-    get_plugin_manager,
-)
+from hwplug.plugins.current import default_session
+from hwplug.plugins.loading import BUILTIN_DISTRIBUTION
+from hwplug.plugins.plugin_manager import HwplugPluginManager
+from hwplug.plugins.selection import PlatformEntry
+from hwplug.plugins.session import Session
 
 __all__ = [
     "MatrixRow",
@@ -120,19 +120,23 @@ def builtin_plugin_manager() -> HwplugPluginManager:
     return manager
 
 
-def graph_modes(platform: Platform | type[Platform]) -> tuple[str, ...]:
+def graph_modes(
+    platform: Platform | type[Platform], session: Session | None = None
+) -> tuple[str, ...]:
     """Names of the ``cudagraph_mode`` values ``platform`` accepts.
 
     For a platform bound to a device: the modes a default configuration
-    resolves with unchanged there (so the device's graph wrapper and the
-    default attention backend's graph support count). For a class: ``NONE``,
+    resolves with unchanged there in ``session`` (default: the default
+    session), so the device's graph wrapper, the default attention backend's
+    graph support and the session's plugins count. For a class: ``NONE``,
     and with device graphs every mode except those that need piecewise
     capture where the platform captures whole graphs only.
     """
     from hwplug.core.config import CUDAGraphMode
 
     if isinstance(platform, Platform):
-        return tuple(mode.name for mode in CUDAGraphMode if _resolves_with(platform, mode))
+        chosen = session if session is not None else default_session()
+        return tuple(mode.name for mode in CUDAGraphMode if _resolves_with(platform, mode, chosen))
     if not platform.supports_device_graphs:
         return (CUDAGraphMode.NONE.name,)
     return tuple(
@@ -142,14 +146,13 @@ def graph_modes(platform: Platform | type[Platform]) -> tuple[str, ...]:
     )
 
 
-def _resolves_with(platform: Platform, mode: Any) -> bool:
-    from hwplug import resolve
+def _resolves_with(platform: Platform, mode: Any, session: Session) -> bool:
     from hwplug.core.config import EngineConfig
-    from hwplug.core.errors import ConfigError
 
     config = EngineConfig.from_dict({"compilation": {"cudagraph_mode": mode.name}})
     try:
-        return bool(resolve(config, platform=platform).config.compilation.cudagraph_mode == mode)
+        resolution = session.resolve(config, platform=platform)
+        return bool(resolution.config.compilation.cudagraph_mode == mode)
     except ConfigError:
         return False
 
@@ -163,7 +166,7 @@ def _level_name(level: int) -> str:
         return str(level)
 
 
-def _row(platform: Platform, entry: PlatformEntry, manager: HwplugPluginManager) -> MatrixRow:
+def _row(platform: Platform, entry: PlatformEntry, session: Session) -> MatrixRow:
     from hwplug.core.config import EngineConfig, ModelConfig
 
     plain = EngineConfig()
@@ -195,23 +198,16 @@ def _row(platform: Platform, entry: PlatformEntry, manager: HwplugPluginManager)
         cache_dtypes=cache_dtypes,
         fp8_format=platform.fp8_dtype_name if has_fp8 else None,
         model_dtypes=tuple(platform.supported_model_dtypes()),
-        graph_modes=graph_modes(platform),
+        graph_modes=graph_modes(platform, session),
         default_compilation_level=_level_name(platform.default_compilation_level),
-        attention_backend=_default_backend(platform, manager),
+        attention_backend=_default_backend(platform, session),
     )
 
 
-def _default_backend(platform: Platform, manager: HwplugPluginManager) -> str | None:
+def _default_backend(platform: Platform, session: Session) -> str | None:
     """The attention backend resolution chooses for a default config on ``platform``."""
-    from hwplug.attention import collect_backends
-    from hwplug.attention.registry import BUILTIN_BACKENDS
-    from hwplug.core.config import EngineConfig
-    from hwplug.core.errors import ConfigError
-    from hwplug.core.resolve import resolve
-
-    backends = collect_backends(BUILTIN_BACKENDS, manager.attention_backend_results())
     try:
-        resolution = resolve(EngineConfig(), platform, attention_backends=backends)
+        resolution = session.resolve(platform=platform)
     except ConfigError:
         return None
     return resolution.config.attention.backend
@@ -234,28 +230,43 @@ def ordered_entries(entries: dict[str, PlatformEntry]) -> list[PlatformEntry]:
 
 
 def support_matrix(
-    manager: HwplugPluginManager | None = None, *, installed: bool = False
+    manager: HwplugPluginManager | Session | None = None, *, installed: bool = False
 ) -> list[MatrixRow]:
-    """The support matrix of every platform the plugin manager knows.
+    """The support matrix of every platform a session's plugins provide.
 
     By default one row per simulated profile of every platform (built-ins in
     the order cuda, rocm, cpu, hpu, xpu, then vendor platforms by name). With
     ``installed``, only the platforms whose devices are present on this
-    machine, one row each for the detected devices. ``manager`` defaults to
-    the process's plugin manager.
+    machine, one row each for the detected devices. ``manager`` is a
+    :class:`~hwplug.Session` or a plugin manager (a session of its own is made
+    for it, so only its plugins take part: its platforms, hooks and attention
+    backends); default: the default session.
     """
-    manager = manager if manager is not None else get_plugin_manager()
+    session = _session_of(manager)
+    manager = session.plugin_manager
     rows: list[MatrixRow] = []
     for entry in ordered_entries(manager.platform_entries()):
         cls = entry.cls
         if installed:
             candidate = manager.detect(entry)
             if candidate.present:
-                rows.append(_row(cls(candidate.devices), entry, manager))
+                rows.append(_row(cls(candidate.devices), entry, session))
             continue
         for profile in cls.profiles():
-            rows.append(_row(cls.simulate(profile), entry, manager))
+            rows.append(_row(cls.simulate(profile), entry, session))
     return rows
+
+
+def _session_of(given: HwplugPluginManager | Session | None) -> Session:
+    if given is None:
+        return default_session()
+    if isinstance(given, Session):
+        return given
+    if isinstance(given, HwplugPluginManager):
+        return Session(given)
+    raise ConfigError(
+        f"support_matrix() takes a Session or a HwplugPluginManager, got {type(given).__name__}"
+    )
 
 
 # --------------------------------------------------------------------------- markdown
@@ -327,7 +338,7 @@ def render_markdown(rows: Sequence[MatrixRow]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def support_matrix_page(manager: HwplugPluginManager | None = None) -> str:
+def support_matrix_page(manager: HwplugPluginManager | Session | None = None) -> str:
     """The whole ``docs/support-matrix.md`` page (built-in platforms by default)."""
     manager = manager if manager is not None else builtin_plugin_manager()
     return f"{PAGE_TITLE}\n\n{PAGE_INTRO}\n{render_markdown(support_matrix(manager))}"

@@ -24,10 +24,15 @@ from hwplug.attention.base import AttentionBackend, PreparedStep, metadata_of
 from hwplug.attention.context import current_step, forward_context
 from hwplug.attention.metadata import AttentionMetadata
 from hwplug.attention.ops import register_unified_attention, unified_attention
-from hwplug.attention.registry import BUILTIN_BACKENDS, collect_backends, lookup_backend
+from hwplug.attention.registry import (
+    BUILTIN_BACKENDS,
+    available_backends,
+    collect_backends,
+    get_backend,
+    lookup_backend,
+)
 from hwplug.attention.torch_backend import TorchAttentionBackend, TorchAttentionStep
 from hwplug.attention.triton_backend import TritonAttentionBackend
-from hwplug.core import collaborators
 
 __all__ = [
     "BUILTIN_BACKENDS",
@@ -47,21 +52,3 @@ __all__ = [
     "register_unified_attention",
     "unified_attention",
 ]
-
-
-def available_backends() -> dict[str, type[AttentionBackend]]:
-    """Every attention backend by name: the built-ins plus every class the plugins'
-    ``hwplug_attention_backends()`` hooks return.
-
-    :raises PluginError: a plugin returned something else than backend classes,
-        or two backends claim one name (both are named).
-    """
-    return collect_backends(BUILTIN_BACKENDS, collaborators.attention_plugin_results())
-
-
-def get_backend(name: str) -> type[AttentionBackend]:
-    """The attention backend class called ``name``.
-
-    :raises ConfigError: unknown name (the message lists the known ones).
-    """
-    return lookup_backend(name, available_backends())

@@ -10,6 +10,7 @@ import torch
 from hwplug.attention.base import AttentionBackend
 from hwplug.attention.context import step_for
 from hwplug.attention.metadata import AttentionMetadata
+from hwplug.attention.registry import get_backend
 
 __all__ = [
     "OP",
@@ -24,7 +25,6 @@ _MAX_INSTANCES = 256
 """Backend instances kept (one per layer shape; a model has a handful)."""
 
 _instances: dict[tuple[object, ...], AttentionBackend] = {}
-_seen_version: list[object] = [object()]
 
 
 def _backend(
@@ -36,23 +36,18 @@ def _backend(
     sliding_window: int | None,
     cache_dtype: torch.dtype,
 ) -> AttentionBackend:
-    """One backend instance per layer shape (construction validates, so do it once).
+    """One backend instance per backend class and layer shape (construction validates,
+    so do it once).
 
-    The instances follow the registry: when a plugin is registered or
-    unregistered they are forgotten, so a name is looked up again (a backend
-    whose plugin is gone is an unknown name).
+    The name is looked up in the active session's table on every call (a dict
+    lookup, cached by the session until its plugins change), so the op follows
+    the session: a backend whose plugin is gone is an unknown name.
     """
-    from hwplug.attention import get_backend
-    from hwplug.core import collaborators
-
-    version = collaborators.attention_plugins_version()
-    if version != _seen_version[0]:
-        _instances.clear()
-        _seen_version[0] = version
-    key = (name, num_heads, head_size, num_kv_heads, scale, sliding_window, cache_dtype)
+    cls = get_backend(name)
+    key = (cls, num_heads, head_size, num_kv_heads, scale, sliding_window, cache_dtype)
     impl = _instances.get(key)
     if impl is None:
-        impl = get_backend(name)(
+        impl = cls(
             num_heads,
             head_size,
             num_kv_heads,

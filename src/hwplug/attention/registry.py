@@ -1,8 +1,10 @@
 """Which attention backends exist: the built-ins plus what plugins contribute.
 
-The helpers here are pure: they take the built-ins and the plugins' hook
-results and return a name -> class table, or raise an error naming whoever
-is at fault. Nothing here imports torch.
+:func:`collect_backends` and :func:`lookup_backend` are pure: they take the
+built-ins and the plugins' hook results and return a name -> class table, or
+raise an error naming whoever is at fault. :func:`available_backends` and
+:func:`get_backend` ask a session for its table (default: the active one).
+Nothing here imports torch.
 """
 
 from __future__ import annotations
@@ -16,8 +18,15 @@ from hwplug.attention.triton_backend import TritonAttentionBackend
 from hwplug.core.errors import ConfigError, PluginError, brief
 from hwplug.core.graphs import AttentionGraphSupport
 from hwplug.core.names import is_name
+from hwplug.core.session import SessionProtocol, active_session
 
-__all__ = ["BUILTIN_BACKENDS", "collect_backends", "lookup_backend"]
+__all__ = [
+    "BUILTIN_BACKENDS",
+    "available_backends",
+    "collect_backends",
+    "get_backend",
+    "lookup_backend",
+]
 
 BUILTIN_BACKENDS: Mapping[str, type[AttentionBackend]] = MappingProxyType(
     {cls.name: cls for cls in (TorchAttentionBackend, TritonAttentionBackend)}
@@ -102,3 +111,28 @@ def lookup_backend(
     if isinstance(name, str) and name.strip().lower() in backends:
         hint = f" (names are lower case: {name.strip().lower()!r})"
     raise ConfigError(f"unknown attention backend {brief(name)}{hint}; known backends: {known}")
+
+
+def available_backends(
+    session: SessionProtocol | None = None,
+) -> dict[str, type[AttentionBackend]]:
+    """Every attention backend by name: the built-ins plus every class the plugins'
+    ``hwplug_attention_backends()`` hooks return, in ``session`` (default: the
+    active session; the built-ins alone where there is none).
+
+    :raises PluginError: a plugin returned something else than backend classes,
+        or two backends claim one name (both are named).
+    """
+    chosen = session if session is not None else active_session()
+    if chosen is None:
+        return dict(BUILTIN_BACKENDS)
+    return dict(chosen.attention_backends())
+
+
+def get_backend(name: str, session: SessionProtocol | None = None) -> type[AttentionBackend]:
+    """The attention backend class called ``name`` in ``session`` (default: the active one).
+
+    :raises ConfigError: unknown name (the message lists the known ones).
+    """
+    chosen = session if session is not None else active_session()
+    return lookup_backend(name, BUILTIN_BACKENDS if chosen is None else chosen.attention_backends())

@@ -7,6 +7,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Literal
 
 from hwplug.core.errors import ConfigError, PluginError, error_line
+from hwplug.core.session import SessionProtocol, active_session
 
 if TYPE_CHECKING:
     from hwplug.core.config import EngineConfig
@@ -112,8 +113,9 @@ class CheckContext:
     ``examples`` is the number of generated configs per rule check; ``device``
     the torch device runtime checks use (None: they skip, ``runtime_problem``
     says why); ``timeout`` the seconds one check may run before it fails as
-    hung (None: no limit). A check adds to ``notes`` what it could not cover
-    (shown with a pass).
+    hung (None: no limit); ``session`` the session whose plugins take part in
+    resolution (None: the active session, :mod:`hwplug.core.session`). A
+    check adds to ``notes`` what it could not cover (shown with a pass).
     """
 
     examples: int = 25
@@ -124,6 +126,7 @@ class CheckContext:
     resolution_problem: str | None = None
     notes: list[str] = dataclasses.field(default_factory=list)
     cache: dict[str, Any] = dataclasses.field(default_factory=dict)
+    session: SessionProtocol | None = None
 
     def __post_init__(self) -> None:
         timeout = self.timeout
@@ -156,15 +159,22 @@ class CheckContext:
         self.notes.append(text)
 
     def resolve(self, platform: Platform, config: EngineConfig) -> Resolution:
-        """Resolve ``config`` on ``platform`` with every installed plugin's hooks.
+        """Resolve ``config`` on ``platform`` with every plugin of the session taking part.
 
         :raises ResolutionBlocked: the platform cannot resolve anything (another check says why).
         """
         if self.resolution_problem is not None:
             raise ResolutionBlocked(self.resolution_problem)
-        import hwplug
+        return self.the_session().resolve(config, platform=platform)
 
-        return hwplug.resolve(config, platform=platform)
+    def the_session(self) -> SessionProtocol:
+        """``session``, else the active session.
+
+        :raises RuntimeError: neither (core used without hwplug's face).
+        """
+        session = self.session or active_session("the conformance kit")
+        assert session is not None  # active_session raises when none and a purpose is given
+        return session
 
 
 def _runtime_device(platform: Platform) -> tuple[str | None, str | None]:

@@ -350,10 +350,8 @@ def idempotent(platform: Platform, context: CheckContext) -> None:
 def verify_changes_nothing(platform: Platform, context: CheckContext) -> None:
     """``verify_config`` and every ``hwplug_verify_config`` hook accept a resolved config
     and leave it as it was."""
-    from hwplug.plugins.manager import get_plugin_manager
-
     tally = _Tally()
-    hook = get_plugin_manager().hook
+    hook = context.the_session().hooks
 
     def test(data: dict[str, Any]) -> None:
         found = tally.resolution(platform, context, data)

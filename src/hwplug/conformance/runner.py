@@ -21,6 +21,7 @@ from hwplug.conformance.base import (
     get_check,
 )
 from hwplug.core.errors import ConfigError, error_line
+from hwplug.core.session import SessionProtocol, active_session
 
 if TYPE_CHECKING:
     from hwplug.core.platform import Platform
@@ -118,30 +119,32 @@ class Report:
         }
 
 
-def load_platform(name: str, profile: str | None = None) -> Platform:
+def load_platform(
+    name: str, profile: str | None = None, *, session: SessionProtocol | None = None
+) -> Platform:
     """Platform ``name`` on ``profile`` (one of its own), else on the detected device,
-    else on its representative profile.
+    else on its representative profile, from ``session``'s plugins (default: the
+    active session).
 
     :raises ConfigError: unknown platform, or a profile of another platform.
     """
-    from hwplug.plugins.manager import get_plugin_manager
-
-    manager = get_plugin_manager()
-    entries = manager.platform_entries()
+    chosen = _session(session)
     key = name.strip().lower()
-    if key not in entries:
-        raise ConfigError(
-            f"unknown platform {name!r}; known platforms: {', '.join(sorted(entries))}"
-        )
+    own = chosen.profiles_of(key)  # raises for an unknown platform, listing the known ones
     if profile is None:
-        return manager.platform_from_spec(key)
+        return chosen.platform_from_spec(key)
     profile_name = profile.strip().lower().partition(":")[0]
-    own = entries[key].cls.profiles()
     if profile_name not in own:
         raise ConfigError(
             f"unknown {key} profile {profile!r}; profiles of {key}: {', '.join(sorted(own))}"
         )
-    return manager.simulate(profile.strip().lower())
+    return chosen.platform_from_spec(profile.strip().lower())
+
+
+def _session(session: SessionProtocol | None) -> SessionProtocol:
+    chosen = session or active_session("the conformance kit")
+    assert chosen is not None  # active_session raises when none and a purpose is given
+    return chosen
 
 
 def _validate(
@@ -170,6 +173,7 @@ def run_checks(
     skip: Mapping[str, str] | None = None,
     context: CheckContext | None = None,
     progress: Callable[[str, str, int, int], None] | None = None,
+    session: SessionProtocol | None = None,
 ) -> Report:
     """Run the checks of ``kinds`` on a platform, a platform name or a profile.
 
@@ -177,7 +181,8 @@ def run_checks(
     profile. ``skip`` maps check ids to the reason each is skipped (it is
     reported). A check that raises anything other than its verdict fails,
     naming the exception. ``progress(id, title, index, total)`` is called
-    before each check (the CLI's status line).
+    before each check (the CLI's status line). ``session``: whose plugins take
+    part (default: ``context.session``, else the active session).
 
     :raises ConfigError: an unknown platform, profile, kind or check id, or a
         skip without a reason.
@@ -185,18 +190,21 @@ def run_checks(
     from hwplug.core.platform import Platform
 
     chosen, skips = _validate(kinds, skip or {})
+    the_session = _session(session or (context.session if context is not None else None))
     if isinstance(platform_or_profile, Platform):
         platform = platform_or_profile
     elif isinstance(platform_or_profile, str):
-        from hwplug.plugins.manager import get_plugin_manager
-
-        platform = get_plugin_manager().platform_from_spec(platform_or_profile)
+        platform = the_session.platform_from_spec(platform_or_profile)
     else:
         raise ConfigError(
             f"run_checks() takes a Platform, a platform name or a profile, got "
             f"{type(platform_or_profile).__name__}"
         )
-    ctx = context if context is not None else CheckContext.for_platform(platform)
+    ctx = (
+        context if context is not None else CheckContext.for_platform(platform, session=the_session)
+    )
+    if ctx.session is None:
+        ctx.session = the_session
     chosen_checks = [item for item in CHECKS.values() if item.kind in chosen]
     results = []
     for index, item in enumerate(chosen_checks):

@@ -40,7 +40,7 @@ from collections.abc import Callable, Iterator
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
-from hwplug.core import collaborators
+from hwplug.core import session
 from hwplug.core.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -78,7 +78,9 @@ def _current_platform() -> Platform:
     platform = _op_platform.get()
     if platform is not None:
         return platform
-    return collaborators.current_platform("building a custom op")
+    active = session.active_session("building a custom op")
+    assert active is not None  # active_session raises when there is none and a purpose is given
+    return active.platform
 
 
 @contextlib.contextmanager

@@ -17,7 +17,6 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import pluggy
 
 if TYPE_CHECKING:
-    from hwplug.attention import AttentionBackend
     from hwplug.core.config import EngineConfig
     from hwplug.core.platform import Platform
     from hwplug.core.resolve import ChangeLog
@@ -87,12 +86,12 @@ def hwplug_platforms() -> list[type[Platform]]:  # type: ignore[empty-body]
 
 
 @hookspec
-def hwplug_attention_backends() -> list[type[AttentionBackend]]:  # type: ignore[empty-body]
+def hwplug_attention_backends() -> list[type]:  # type: ignore[empty-body]
     """Return the attention-backend classes this plugin provides.
 
     Every implementation is called and the results are collected; there is no
     first-result short cut. Each class must subclass
-    :class:`hwplug.attention.AttentionBackend` with a unique lower-case
+    ``AttentionBackend`` (of ``hwplug.attention``) with a unique lower-case
     ``name``; a name claimed twice is a :class:`hwplug.PluginError` naming
     both. A platform names the backends it prefers in
     ``Platform.attention_backends(config)``; users choose one with
@@ -101,8 +100,7 @@ def hwplug_attention_backends() -> list[type[AttentionBackend]]:  # type: ignore
 
     :returns: A list (possibly empty) of ``AttentionBackend`` subclasses.
 
-    Honoured by :func:`hwplug.attention.available_backends` and
-    :func:`hwplug.attention.get_backend`, and by :func:`hwplug.resolve`,
+    Honoured by ``available_backends`` and ``get_backend`` of ``hwplug.attention``, and by :func:`hwplug.resolve`,
     which chooses or checks ``attention.backend`` among them.
     """
 

@@ -36,7 +36,7 @@ import pluggy
 from hwplug._version import __version__
 
 if TYPE_CHECKING:
-    from hwplug.plugins.manager import HwplugPluginManager
+    from hwplug.plugins.plugin_manager import HwplugPluginManager
 
 __all__ = [
     "BUILTIN_DISTRIBUTION",

@@ -28,7 +28,7 @@ from hwplug.core.names import is_name
 from hwplug.core.platform import DeviceInfo, Platform, parse_profile_spec
 
 if TYPE_CHECKING:
-    from hwplug.plugins.manager import HwplugPluginManager
+    from hwplug.plugins.plugin_manager import HwplugPluginManager
 
 __all__ = [
     "Candidate",

@@ -15,6 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
+import hwplug
 from hwplug.core import versions
 from hwplug.core.config import (
     CallableInductorPass,
@@ -595,17 +596,29 @@ def test_init_backend_for_piecewise_builds_the_piecewise_backend() -> None:
     assert backend.platform is platform
 
 
-def test_init_backend_for_piecewise_without_the_backend_is_a_clear_error(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    from hwplug.core import collaborators
+def test_init_backend_for_piecewise_without_the_backend_is_a_clear_error() -> None:
+    class NoBackend:
+        """A session whose platform has no piecewise compile backend."""
 
-    def missing(compilation: Any, engine: Any) -> Any:
-        raise RuntimeError("no piecewise compile backend is installed; import hwplug first")
+        def __getattr__(self, name: str) -> Any:
+            return getattr(hwplug.default_session(), name)
 
-    monkeypatch.setattr(collaborators, "piecewise_backend", missing)
+        def piecewise_backend(self, compilation: Any, engine: Any) -> Any:
+            raise RuntimeError("no piecewise compile backend for this platform")
+
     with pytest.raises(ConfigError, match=r"level=3 \(PIECEWISE\) has no backend here"):
-        CompilationConfig(level=3).init_backend()
+        CompilationConfig(level=3).init_backend(session=NoBackend())  # type: ignore[arg-type]
+
+
+def test_init_backend_for_piecewise_uses_the_session_it_is_given() -> None:
+    session = hwplug.Session(platform="h100")
+    backend = CompilationConfig(level=3).init_backend(EngineConfig(), session=session)
+    assert backend.platform.name == "cuda"  # type: ignore[union-attr]
+    with session.activate():
+        active = CompilationConfig(level=3).init_backend(EngineConfig())
+    assert active.platform.name == "cuda"  # type: ignore[union-attr]
+    default = CompilationConfig(level=3).init_backend()
+    assert default.platform is hwplug.get_platform()  # type: ignore[union-attr]
 
 
 # ---------------------------------------------------------------------- capture sizes

@@ -15,7 +15,7 @@ from pydantic import ValidationInfo, WithJsonSchema, field_validator
 from pydantic.dataclasses import dataclass
 from pydantic.json_schema import SkipJsonSchema
 
-from hwplug.core import collaborators, versions
+from hwplug.core import versions
 from hwplug.core.config._common import (
     CONFIG,
     MAX_SIZE,
@@ -34,6 +34,7 @@ from hwplug.core.config._common import (
 from hwplug.core.config.cudagraph_mode import CompilationLevel, CUDAGraphMode
 from hwplug.core.config.pass_config import PassConfig
 from hwplug.core.errors import ConfigError, brief
+from hwplug.core.session import SessionProtocol, active_session
 
 if TYPE_CHECKING:
     from hwplug.core.config.engine import EngineConfig
@@ -391,13 +392,16 @@ class CompilationConfig(ConfigSection):
 
     # ------------------------------------------------------------------ backends
 
-    def init_backend(self, engine_config: EngineConfig | None = None) -> str | Callable[..., Any]:
+    def init_backend(
+        self, engine_config: EngineConfig | None = None, *, session: SessionProtocol | None = None
+    ) -> str | Callable[..., Any]:
         """The ``torch.compile`` backend for this level (imports torch).
 
         Levels 1-2: ``"eager"`` when ``backend`` is empty, a backend name
         registered with Dynamo as is, else the object ``backend`` names as a
-        qualified name. Level 3: the piecewise backend the package face installs
-        (:mod:`hwplug.core.collaborators`; hwplug's own, for the current platform).
+        qualified name. Level 3: the piecewise backend of ``session`` (default:
+        the active session, :mod:`hwplug.core.session`): hwplug's own,
+        capturing with the session's platform.
 
         :raises ConfigError: no compilation level is set, or ``backend`` names
             nothing that can be used.
@@ -424,7 +428,9 @@ class CompilationConfig(ConfigSection):
                 ) from exc
             return backend
         try:
-            result: Callable[..., Any] = collaborators.piecewise_backend(self, engine_config)
+            active = session or active_session("compilation level 3 (PIECEWISE)")
+            assert active is not None  # active_session raises when none and a purpose is given
+            result: Callable[..., Any] = active.piecewise_backend(self, engine_config)
         except RuntimeError as exc:
             raise ConfigError(
                 f"compilation.level=3 (PIECEWISE) has no backend here ({exc}); use level 1 or 2"
