@@ -100,7 +100,8 @@ def hwplug_attention_backends() -> list[type]:  # type: ignore[empty-body]
 
     :returns: A list (possibly empty) of ``AttentionBackend`` subclasses.
 
-    Honoured by ``available_backends`` and ``get_backend`` of ``hwplug.attention``, and by :func:`hwplug.resolve`,
+    Honoured by ``available_backends`` and ``get_backend`` of ``hwplug.attention``,
+    and by :func:`hwplug.resolve`,
     which chooses or checks ``attention.backend`` among them.
     """
 
