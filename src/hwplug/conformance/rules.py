@@ -50,25 +50,47 @@ def _outcome(platform: Platform, context: CheckContext, config: EngineConfig) ->
         return exc
 
 
+def _strict(
+    platform: Platform, context: CheckContext, data: dict[str, Any]
+) -> tuple[EngineConfig, Resolution | ConfigError] | None:
+    """``data``'s config and its resolution (or refusal); None when the config models
+    refuse ``data``. A :class:`PluginError` fails the check."""
+    config = _config(data)
+    if config is None:
+        return None
+    try:
+        return config, _outcome(platform, context, config)
+    except PluginError as exc:
+        raise CheckFailed(f"resolution raised PluginError: {error_line(exc)}") from exc
+
+
 class _Tally:
-    """Counts generated configs that resolved, and collects plugin errors seen."""
+    """Counts generated configs that resolved, and collects plugin errors seen (R06 and
+    R07 report them; the checks that tally them only note them)."""
 
     def __init__(self) -> None:
         self.resolved = 0
         self.plugin_errors: list[str] = []
 
-    def resolution(
-        self, platform: Platform, context: CheckContext, data: dict[str, Any]
-    ) -> tuple[EngineConfig, Resolution] | None:
-        config = _config(data)
-        if config is None:
-            return None
+    def outcome(self, platform: Platform, context: CheckContext, config: EngineConfig) -> Any:
+        """The resolution, the ``ConfigError`` refusing ``config``, or None after a
+        :class:`PluginError` (collected)."""
         try:
-            result = _outcome(platform, context, config)
+            return _outcome(platform, context, config)
         except PluginError as exc:
             self.plugin_errors.append(error_line(exc))
             return None
-        if isinstance(result, ConfigError):
+
+    def resolution(
+        self, platform: Platform, context: CheckContext, data: dict[str, Any]
+    ) -> tuple[EngineConfig, Resolution] | None:
+        """``data``'s config and its resolution, counted; None when it was refused (by
+        the config models or resolution) or a plugin raised."""
+        config = _config(data)
+        if config is None:
+            return None
+        result = self.outcome(platform, context, config)
+        if result is None or isinstance(result, ConfigError):
             return None
         self.resolved += 1
         return config, result
@@ -284,11 +306,9 @@ def deterministic(platform: Platform, context: CheckContext) -> None:
         config = _config(data)
         if config is None:
             return
-        try:
-            first = _outcome(platform, context, config)
-            second = _outcome(platform, context, config)
-        except PluginError as exc:
-            tally.plugin_errors.append(error_line(exc))
+        first = tally.outcome(platform, context, config)
+        second = tally.outcome(platform, context, config) if first is not None else None
+        if first is None or second is None:
             return
         if isinstance(first, ConfigError) or isinstance(second, ConfigError):
             if str(first) != str(second):
@@ -322,15 +342,11 @@ def idempotent(platform: Platform, context: CheckContext) -> None:
         if found is None:
             return
         resolved = found[1].config
-        try:
-            again = context.resolve(platform, EngineConfig.from_dict(resolved.to_dict()))
-        except PluginError as exc:
-            tally.plugin_errors.append(error_line(exc))
+        again = tally.outcome(platform, context, EngineConfig.from_dict(resolved.to_dict()))
+        if again is None:
             return
-        except ConfigError as exc:
-            raise CheckFailed(
-                f"the resolved config does not resolve again: {error_line(exc)}"
-            ) from exc
+        if isinstance(again, ConfigError):
+            raise CheckFailed(f"the resolved config does not resolve again: {error_line(again)}")
         if again.changes:
             raise CheckFailed(f"resolving a resolved config changed it again: {again.changes[0]}")
         if again.config.compute_hash() != resolved.compute_hash():
@@ -388,13 +404,10 @@ def honours_user_fields(platform: Platform, context: CheckContext) -> None:
 
     def test(data: dict[str, Any]) -> None:
         nonlocal refused
-        config = _config(data)
-        if config is None:
+        found = _strict(platform, context, data)
+        if found is None:
             return
-        try:
-            result = _outcome(platform, context, config)
-        except PluginError as exc:
-            raise CheckFailed(f"resolution raised PluginError: {error_line(exc)}") from exc
+        config, result = found
         if isinstance(result, ConfigError):
             refused += 1
             return
@@ -424,13 +437,10 @@ def changes_are_logged(platform: Platform, context: CheckContext) -> None:
     non-empty reason, and its last change gives the resolved value."""
 
     def test(data: dict[str, Any]) -> None:
-        config = _config(data)
-        if config is None:
+        found = _strict(platform, context, data)
+        if found is None:
             return
-        try:
-            result = _outcome(platform, context, config)
-        except PluginError as exc:
-            raise CheckFailed(f"resolution raised PluginError: {error_line(exc)}") from exc
+        config, result = found
         if isinstance(result, ConfigError):
             return
         before, after = _paths(config.to_dict()), _paths(result.config.to_dict())
@@ -693,7 +703,7 @@ def attention_order_agrees(platform: Platform, context: CheckContext) -> None:
     the first of them that serves the config."""
     from hwplug.attention import available_backends
 
-    installed = available_backends()
+    installed = available_backends(context.the_session())
     problems: list[str] = []
     checked = 0
 
@@ -704,11 +714,9 @@ def attention_order_agrees(platform: Platform, context: CheckContext) -> None:
             return
         if "attention" in data:
             return
-        try:
-            result = _outcome(platform, context, config)
-        except PluginError:
-            return
-        if isinstance(result, ConfigError):
+        # a plugin's PluginError is R06's and R07's to report
+        result = _Tally().outcome(platform, context, config)
+        if result is None or isinstance(result, ConfigError):
             return
         checked += 1
         order = tuple(platform.attention_backends(result.config))
