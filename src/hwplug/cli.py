@@ -34,11 +34,18 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from hwplug import matrix as support
+from hwplug import resolve as run_resolve
 from hwplug._version import __version__
+from hwplug.conformance import KINDS, CheckContext, load_platform, run_checks
+from hwplug.core.config import EngineConfig
+from hwplug.core.config._common import check_depth
+from hwplug.core.config.engine import load_json
 from hwplug.core.errors import ConfigError, PluginError, one_line
+from hwplug.matrix import ordered_entries
+from hwplug.plugins.manager import PluginWarning, get_plugin_manager, select_platform
 
 if TYPE_CHECKING:
-    from hwplug.core.config import EngineConfig
     from hwplug.core.platform import DeviceInfo, Platform
     from hwplug.plugins.manager import HwplugPluginManager
 
@@ -70,8 +77,6 @@ class CliError(ConfigError):
 
 def _validation_message(exc: ValidationError) -> str:
     """One ``section.field: message`` line from a pydantic ``ValidationError``."""
-    from hwplug.core.config import EngineConfig
-
     sections = {cls.__name__: name for name, cls in EngineConfig.section_types().items()}
     prefix = sections.get(exc.title)
     parts = []
@@ -135,8 +140,6 @@ def _warnings_so_far() -> list[str]:
 @contextlib.contextmanager
 def _quiet_library() -> Iterator[_Buffer]:
     """Route hwplug's warnings (log records and ``warnings``) into a buffer."""
-    from hwplug.plugins.manager import PluginWarning
-
     logger = logging.getLogger("hwplug")
     buffer = _Buffer()
     _buffers.append(buffer)
@@ -384,8 +387,6 @@ def info(
 
     Honours HWPLUG_PLATFORM, HWPLUG_SIMULATE and HWPLUG_PLUGINS.
     """
-    from hwplug.plugins.manager import get_plugin_manager, select_platform
-
     manager = get_plugin_manager()
     selection = select_platform()
     platform = selection.platform
@@ -484,8 +485,6 @@ def plugins(
 
     HWPLUG_PLUGINS limits the third-party plugins; failures are listed too.
     """
-    from hwplug.plugins.manager import get_plugin_manager
-
     manager = get_plugin_manager()
     entries = manager.platform_entries()
     if as_json:
@@ -510,9 +509,6 @@ def profiles(
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
 ) -> None:
     """Every simulated device profile, usable with --simulate and HWPLUG_SIMULATE."""
-    from hwplug.matrix import ordered_entries
-    from hwplug.plugins.manager import get_plugin_manager
-
     manager = get_plugin_manager()
     known = manager.known_profiles()
     rows: list[tuple[str, str, bool, DeviceInfo]] = []
@@ -566,8 +562,6 @@ def parse_set_option(text: str) -> tuple[list[str], Any]:
 
     :raises CliError: the text is not ``section.field=value``.
     """
-    from hwplug.core.config import EngineConfig
-
     key, sep, raw = text.partition("=")
     key = key.strip()
     sections = list(EngineConfig.section_types())
@@ -600,8 +594,6 @@ def parse_set_option(text: str) -> tuple[list[str], Any]:
             f"--set {text!r}: {section}.{field} is a plain value, not a section of fields; "
             f"use --set {section}.{field}=VALUE"
         )
-    from hwplug.core.config._common import check_depth
-    from hwplug.core.config.engine import load_json
 
     try:
         value = load_json(raw)
@@ -645,8 +637,6 @@ def _load_config(config_file: Path | None, assignments: Sequence[str]) -> Engine
     validated, so a file plus ``--set`` gives exactly what one source holding
     both would: only what the user wrote counts as set.
     """
-    from hwplug.core.config import EngineConfig
-
     parsed = [(text, *parse_set_option(text)) for text in assignments]
     data = {} if config_file is None else EngineConfig.file_data(config_file)
     for text, path, value in parsed:
@@ -661,8 +651,6 @@ def _load_config(config_file: Path | None, assignments: Sequence[str]) -> Engine
 
 
 def _choose_platform(platform: str | None, simulate: str | None) -> Platform | None:
-    from hwplug.plugins.manager import get_plugin_manager
-
     if platform is not None and simulate is not None:
         raise CliError(
             "--platform and --simulate are mutually exclusive; --platform picks a platform by "
@@ -729,8 +717,6 @@ def resolve(
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of tables."),
 ) -> None:
     """Resolve an engine config for a platform: the result and every change, with reasons."""
-    from hwplug import resolve as run_resolve
-
     target = _choose_platform(platform, simulate)
     engine_config = _load_config(config, assignments)
     resolution = run_resolve(engine_config, platform=target)
@@ -804,8 +790,6 @@ def matrix(
     format, model dtypes, graph modes, default compilation level and
     distributed backend.
     """
-    from hwplug import matrix as support
-
     fmt = output_format.strip().lower()
     if fmt not in MATRIX_FORMATS:
         raise CliError(
@@ -820,8 +804,6 @@ def matrix(
         if installed:
             text = f"{support.PAGE_TITLE} (this machine)\n\n{support.render_markdown(rows)}"
         else:
-            from hwplug.plugins.manager import get_plugin_manager
-
             text = support.support_matrix_page(get_plugin_manager())
         typer.echo(text, nl=False)
         return
@@ -898,8 +880,6 @@ def conformance(
     ),
 ) -> int:
     """Check that a platform keeps hwplug's contract; exit status 1 when a check fails."""
-    from hwplug.conformance import KINDS, CheckContext, load_platform, run_checks
-
     skip: dict[str, str] = {}
     for text in skips:
         check_id, sep, reason = text.partition("=")

@@ -15,6 +15,7 @@ import dataclasses
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from hwplug.core.config import CompilationLevel, CUDAGraphMode, EngineConfig, ModelConfig
 from hwplug.core.errors import ConfigError
 from hwplug.core.platform import Platform
 from hwplug.plugins.current import default_session
@@ -132,8 +133,6 @@ def graph_modes(
     and with device graphs every mode except those that need piecewise
     capture where the platform captures whole graphs only.
     """
-    from hwplug.core.config import CUDAGraphMode
-
     if isinstance(platform, Platform):
         chosen = session if session is not None else default_session()
         return tuple(mode.name for mode in CUDAGraphMode if _resolves_with(platform, mode, chosen))
@@ -147,8 +146,6 @@ def graph_modes(
 
 
 def _resolves_with(platform: Platform, mode: Any, session: Session) -> bool:
-    from hwplug.core.config import EngineConfig
-
     config = EngineConfig.from_dict({"compilation": {"cudagraph_mode": mode.name}})
     try:
         resolution = session.resolve(config, platform=platform)
@@ -158,8 +155,6 @@ def _resolves_with(platform: Platform, mode: Any, session: Session) -> bool:
 
 
 def _level_name(level: int) -> str:
-    from hwplug.core.config import CompilationLevel
-
     try:
         return f"{CompilationLevel(level).name} ({int(level)})"
     except ValueError:
@@ -167,8 +162,6 @@ def _level_name(level: int) -> str:
 
 
 def _row(platform: Platform, entry: PlatformEntry, session: Session) -> MatrixRow:
-    from hwplug.core.config import EngineConfig, ModelConfig
-
     plain = EngineConfig()
     mla = EngineConfig(model=ModelConfig(use_mla=True))
     cache_dtypes = tuple(platform.supported_cache_dtypes())

@@ -208,23 +208,19 @@ def test_a_warning_before_an_error_is_not_printed(cli) -> None:
 
 
 def test_plugin_errors_from_selection_are_user_errors(cli, monkeypatch) -> None:
-    from hwplug.plugins import manager
-
     def broken() -> None:
         raise PluginError("plugin 'acme' from distribution 'acme-npu' failed in load: boom")
 
-    monkeypatch.setattr(manager, "select_platform", broken)
+    monkeypatch.setattr("hwplug.cli.select_platform", broken)
     result = cli("info")
     assert_user_error(result, "plugin 'acme'", "acme-npu")
 
 
 def test_a_bug_is_not_disguised_as_a_user_error(cli, monkeypatch) -> None:
-    from hwplug.plugins import manager
-
     def buggy() -> None:
         raise KeyError("internal")
 
-    monkeypatch.setattr(manager, "select_platform", buggy)
+    monkeypatch.setattr("hwplug.cli.select_platform", buggy)
     with pytest.raises(KeyError):
         cli("info")
 

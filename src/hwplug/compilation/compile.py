@@ -59,6 +59,7 @@ def compile_model(
         return model
     backend: Any
     if level == 3:
+        # lazy: torch; importing hwplug.compilation stays light
         from hwplug.compilation.piecewise import PiecewiseBackend
 
         backend = PiecewiseBackend(comp, config, platform=platform, graph_backend=graph_backend)

@@ -25,6 +25,7 @@ from torch.fx.passes.split_module import split_module
 
 from hwplug.core.config import CUDAGraphMode
 from hwplug.core.errors import ConfigError
+from hwplug.core.graphs import GraphOptions
 
 if TYPE_CHECKING:
     from hwplug.core.config import CompilationConfig, EngineConfig
@@ -293,7 +294,6 @@ class PiecewiseBackend:
         wrapper_cls = self._wrapper_cls()
         if wrapper_cls is None:
             return None
-        from hwplug.core.graphs import GraphOptions
 
         config = self.compilation_config
 
@@ -390,7 +390,6 @@ class PiecewiseBackend:
         wrapper_cls = self._wrapper_cls()
         if wrapper_cls is None:
             return []
-        from hwplug.core.graphs import GraphOptions
 
         last = len(names) - 1
         for index, name in enumerate(names):

@@ -9,6 +9,7 @@ import subprocess
 import sys
 from typing import TYPE_CHECKING, Any
 
+from hwplug.attention import available_backends
 from hwplug.conformance.base import (
     CheckContext,
     CheckFailed,
@@ -18,7 +19,10 @@ from hwplug.conformance.base import (
 )
 from hwplug.conformance.configs import for_each_config
 from hwplug.core.errors import ConfigError, PluginError, error_line
+from hwplug.core.graphs import GraphWrapper
+from hwplug.core.kv_cache import cache_dtype_to_torch
 from hwplug.core.platform import DeviceInfo, Platform
+from hwplug.core.resolve import user_set_fields
 
 if TYPE_CHECKING:
     from hwplug.core.config import EngineConfig
@@ -34,6 +38,7 @@ _SUBPROCESS_TIMEOUT = 120
 
 def _config(data: dict[str, Any]) -> EngineConfig | None:
     """The config of ``data``, or None when the config models refuse it."""
+    # lazy: pydantic loads when a check runs, not when the pytest plugin loads the kit
     from hwplug.core.config import EngineConfig
 
     try:
@@ -333,6 +338,7 @@ def deterministic(platform: Platform, context: CheckContext) -> None:
 @_blocked
 def idempotent(platform: Platform, context: CheckContext) -> None:
     """Resolving ``from_dict(resolved.to_dict())`` records no change and keeps the hash."""
+    # lazy: pydantic loads when a check runs, not when the pytest plugin loads the kit
     from hwplug.core.config import EngineConfig
 
     tally = _Tally()
@@ -398,8 +404,6 @@ def verify_changes_nothing(platform: Platform, context: CheckContext) -> None:
 @_blocked
 def honours_user_fields(platform: Platform, context: CheckContext) -> None:
     """No change touches a field the user set, and every set field keeps its value."""
-    from hwplug.core.resolve import user_set_fields
-
     refused = 0
 
     def test(data: dict[str, Any]) -> None:
@@ -477,6 +481,7 @@ print(json.dumps([EngineConfig.from_dict(d).compute_hash() for d in json.load(sy
 def hashes_are_stable(platform: Platform, context: CheckContext) -> None:
     """``compute_hash()`` of resolved configs is the same in a process with another
     ``PYTHONHASHSEED``."""
+    # lazy: pydantic loads when a check runs, not when the pytest plugin loads the kit
     from hwplug.core.config import EngineConfig
 
     tally = _Tally()
@@ -509,6 +514,7 @@ def hashes_are_stable(platform: Platform, context: CheckContext) -> None:
 def _resolve_fields(
     platform: Platform, context: CheckContext, fields: dict[str, Any]
 ) -> Resolution | ConfigError:
+    # lazy: pydantic loads when a check runs, not when the pytest plugin loads the kit
     from hwplug.core.config import EngineConfig
 
     data: dict[str, Any] = {}
@@ -538,6 +544,7 @@ def block_sizes_agree(platform: Platform, context: CheckContext) -> None:
             problems.append(f"advertised cache.block_size={size} is refused: {error_line(result)}")
         elif result.config.cache.block_size != size:
             problems.append(f"cache.block_size={size} resolved to {result.config.cache.block_size}")
+    # lazy: pydantic loads when a check runs, not when the pytest plugin loads the kit
     from hwplug.core.config import EngineConfig
 
     try:
@@ -580,8 +587,6 @@ def block_sizes_agree(platform: Platform, context: CheckContext) -> None:
 def cache_dtypes_agree(platform: Platform, context: CheckContext) -> None:
     """Each dtype of ``supported_cache_dtypes()`` resolves when set, is kept, and maps to a
     torch dtype (``cache_dtype_to_torch``)."""
-    from hwplug.core.kv_cache import cache_dtype_to_torch
-
     advertised = tuple(platform.supported_cache_dtypes())
     if not advertised:
         raise CheckFailed("supported_cache_dtypes() is empty")
@@ -616,7 +621,7 @@ def fp8_dtype_agrees(platform: Platform, context: CheckContext) -> None:
     advertised ``fp8`` cache stores exactly it."""
     import torch
 
-    from hwplug.core.kv_cache import cache_dtype_to_torch
+    # lazy: torch loads when a check runs, not when the pytest plugin loads the kit
     from hwplug.kernels import FP8_FORMATS
 
     try:
@@ -651,8 +656,6 @@ def fp8_dtype_agrees(platform: Platform, context: CheckContext) -> None:
 def graph_wrapper_agrees(platform: Platform, context: CheckContext) -> None:
     """``has_device_graphs()`` answers, and is true exactly when ``graph_wrapper_cls()``
     returns a ``GraphWrapper`` subclass on a platform that supports device graphs."""
-    from hwplug.core.graphs import GraphWrapper
-
     try:
         wrapper = platform.graph_wrapper_cls()
     except Exception as exc:
@@ -686,6 +689,7 @@ def graph_wrapper_agrees(platform: Platform, context: CheckContext) -> None:
 
 
 def _empty() -> EngineConfig:
+    # lazy: pydantic loads when a check runs, not when the pytest plugin loads the kit
     from hwplug.core.config import EngineConfig
 
     return EngineConfig()
@@ -701,8 +705,6 @@ def _empty() -> EngineConfig:
 def attention_order_agrees(platform: Platform, context: CheckContext) -> None:
     """``attention_backends(config)`` names only installed backends, and resolution picks
     the first of them that serves the config."""
-    from hwplug.attention import available_backends
-
     installed = available_backends(context.the_session())
     problems: list[str] = []
     checked = 0

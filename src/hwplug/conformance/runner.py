@@ -10,8 +10,9 @@ import threading
 import time
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
+from hwplug._version import __version__
 from hwplug.conformance.base import (
     CHECKS,
     KINDS,
@@ -21,10 +22,8 @@ from hwplug.conformance.base import (
     get_check,
 )
 from hwplug.core.errors import ConfigError, error_line
+from hwplug.core.platform import Platform
 from hwplug.core.session import SessionProtocol, active_session
-
-if TYPE_CHECKING:
-    from hwplug.core.platform import Platform
 
 __all__ = ["CONFORMANCE_VERSION", "CheckResult", "Report", "load_platform", "run_checks"]
 
@@ -104,8 +103,6 @@ class Report:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready: version, platform, profile, simulated, device, ok, counts, results."""
-        from hwplug._version import __version__
-
         return {
             "conformance_version": CONFORMANCE_VERSION,
             "hwplug_version": __version__,
@@ -187,8 +184,6 @@ def run_checks(
     :raises ConfigError: an unknown platform, profile, kind or check id, or a
         skip without a reason.
     """
-    from hwplug.core.platform import Platform
-
     chosen, skips = _validate(kinds, skip or {})
     the_session = _session(session or (context.session if context is not None else None))
     if isinstance(platform_or_profile, Platform):

@@ -11,6 +11,7 @@ import os
 import tempfile
 from typing import TYPE_CHECKING, Any
 
+from hwplug.attention import AttentionMetadata, TritonAttentionBackend, available_backends
 from hwplug.conformance.base import (
     CheckContext,
     CheckFailed,
@@ -18,7 +19,11 @@ from hwplug.conformance.base import (
     ResolutionBlocked,
     check,
 )
+from hwplug.core.config import CUDAGraphMode
 from hwplug.core.errors import ConfigError, error_line
+from hwplug.core.graphs import GraphDispatcher, capture_graphs, graph_context
+from hwplug.core.kv_cache import cache_dtype_to_torch
+from hwplug.testing import RecordingGraphBackend
 
 if TYPE_CHECKING:
     import torch
@@ -45,6 +50,7 @@ def _device(context: CheckContext) -> str:
 
 
 def _resolved(platform: Platform, context: CheckContext, data: dict[str, Any]) -> EngineConfig:
+    # lazy: pydantic loads when a check runs, not when the pytest plugin loads the kit
     from hwplug.core.config import EngineConfig
 
     cached = context.cache.get(repr(data))
@@ -91,7 +97,7 @@ def kv_round_trip(platform: Platform, context: CheckContext) -> None:
     ``gather_kv_cache`` reads back (fp8: within one rounding step)."""
     import torch
 
-    from hwplug.core.kv_cache import cache_dtype_to_torch
+    # lazy: torch loads when a check runs, not when the pytest plugin loads the kit
     from hwplug.kernels import FP8_FORMATS, gather_kv_cache, write_kv_cache
 
     device = _device(context)
@@ -150,6 +156,7 @@ def reference_attention(
     last ``window`` positions are seen when a window is given."""
     import torch
 
+    # lazy: torch loads when a check runs, not when the pytest plugin loads the kit
     from hwplug.kernels import FP8_FORMATS
 
     fp8 = key_cache.dtype in FP8_FORMATS
@@ -183,8 +190,6 @@ def reference_attention(
 
 
 def _backend_problem(backend: type[AttentionBackend], device: str) -> str | None:
-    from hwplug.attention import TritonAttentionBackend
-
     if issubclass(backend, TritonAttentionBackend) and device == "cpu":
         if os.environ.get("TRITON_INTERPRET") != "1":
             return "Triton runs on CPU tensors only under TRITON_INTERPRET=1"
@@ -204,6 +209,7 @@ def _cache_write_problem(
     """
     import torch
 
+    # lazy: torch loads when a check runs, not when the pytest plugin loads the kit
     from hwplug.kernels import FP8_FORMATS
 
     got, want = got.cpu(), want.cpu()
@@ -254,7 +260,7 @@ def _attend(
     """
     import torch
 
-    from hwplug.attention import AttentionMetadata
+    # lazy: torch loads when a check runs, not when the pytest plugin loads the kit
     from hwplug.kernels import FP8_FORMATS, write_kv_cache
 
     seq_lens, query_lens = lengths
@@ -347,9 +353,6 @@ def attention_matches_reference(platform: Platform, context: CheckContext) -> No
     float64 reference at SPEC 12's tolerance for the model dtype (1e-4 for float32,
     2e-2 for 16 bits), and the caches with ``write_kv_cache``'s reference write (every
     slot; fp8 within one rounding step)."""
-    from hwplug.attention import available_backends
-    from hwplug.core.kv_cache import cache_dtype_to_torch
-
     device = _device(context)
     config = _resolved(platform, context, {})
     installed = available_backends()
@@ -442,9 +445,6 @@ def graphs_match_eager(platform: Platform, context: CheckContext) -> None:
     recording backend on CPU tensors), replay each, and compare with the eager call."""
     import torch
 
-    from hwplug.core.config import CUDAGraphMode
-    from hwplug.core.graphs import GraphDispatcher, capture_graphs, graph_context
-
     device = _device(context)
     try:
         has_graphs = platform.has_device_graphs()
@@ -464,8 +464,6 @@ def graphs_match_eager(platform: Platform, context: CheckContext) -> None:
         raise CheckSkipped(f"resolution plans no graphs on {platform.name} (cudagraph_mode NONE)")
     graph_backend: Any = None
     if platform.simulated:
-        from hwplug.testing import RecordingGraphBackend
-
         graph_backend = RecordingGraphBackend()
 
     def eager(x: torch.Tensor) -> torch.Tensor:
@@ -528,8 +526,6 @@ def tiny_checkpoint(platform: Platform, context: CheckContext) -> None:
         model_section["enforce_eager"] = True
     head_size, backend_name = _checkpoint_head_size(platform, context, model_section)
     if backend_name is not None:
-        from hwplug.attention import available_backends
-
         backend = available_backends().get(backend_name)
         why = None if backend is None else _backend_problem(backend, device)
         if why is not None:
@@ -572,6 +568,7 @@ def _checkpoint_head_size(
     (an attention backend serves it), and that backend; skips the check, with each size's
     reason, when none does.
     """
+    # lazy: pydantic loads when a check runs, not when the pytest plugin loads the kit
     from hwplug.core.config import EngineConfig
 
     problems = []

@@ -116,6 +116,7 @@ def get_op_compilation_config() -> CompilationConfig:
     if config is not None:
         return config
     if not _default_config:
+        # lazy: pydantic; `import hwplug` stays light
         from hwplug.core.config import CompilationConfig
 
         _default_config.append(CompilationConfig())

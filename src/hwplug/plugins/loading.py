@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 import pluggy
 
 from hwplug._version import __version__
+from hwplug.core.errors import PluginError, brief
 
 if TYPE_CHECKING:
     from hwplug.plugins.plugin_manager import HwplugPluginManager
@@ -208,7 +209,6 @@ def _load_one(
     if info is not None:
         if info.distribution == dist and info.value == ep.value:
             return  # the same distribution seen twice on sys.path
-        from hwplug.core.errors import PluginError
 
         raise PluginError(
             f"plugin name {ep.name!r} is claimed twice: by distribution {info.distribution!r} "
@@ -250,6 +250,4 @@ def validate_plugin(pm: pluggy.PluginManager, name: str, plugin: object) -> str 
 
 
 def _short(obj: object) -> str:
-    from hwplug.core.errors import brief
-
     return brief(obj, 60)

@@ -30,9 +30,10 @@ from typing import Any
 
 import pytest
 
+from hwplug.conformance import CHECKS, CheckContext, load_platform, run_one
 from hwplug.core.errors import ConfigError, PluginError, error_line
 from hwplug.core.platform import Platform, parse_profile_spec
-from hwplug.plugins.manager import Candidate, HwplugPluginManager
+from hwplug.plugins.manager import Candidate, HwplugPluginManager, use_platform
 
 __all__ = ["FIXTURE", "HwplugSession"]
 
@@ -230,8 +231,6 @@ class ConformanceItem(pytest.Item):
         self.check_id = check_id
 
     def runtest(self) -> None:
-        from hwplug.conformance import CheckContext, load_platform, run_one
-
         cache = self.config.stash.setdefault(_CONFORMANCE, {})
         if self.platform_name not in cache:
             platform = load_platform(self.platform_name)
@@ -267,7 +266,6 @@ def pytest_collection_modifyitems(
     text = config.getoption("hwplug_conformance", default=None)
     if not text:
         return
-    from hwplug.conformance import CHECKS, load_platform
 
     names = [part.strip().lower() for part in text.split(",") if part.strip()]
     if not names:
@@ -365,8 +363,6 @@ def hwplug_platform(request: pytest.FixtureRequest) -> Iterator[Platform]:
     Parametrised over ``--hwplug-profiles``; the previous current platform is
     restored after the test.
     """
-    from hwplug.plugins.manager import use_platform
-
     spec = getattr(request, "param", None)
     if not isinstance(spec, str):
         raise pytest.UsageError(

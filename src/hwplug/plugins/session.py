@@ -28,6 +28,8 @@ from collections.abc import Callable, Iterator, Mapping
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
+from hwplug.attention.registry import BUILTIN_BACKENDS, collect_backends, lookup_backend
+from hwplug.core import resolve as pipeline
 from hwplug.core import session as core_session
 from hwplug.core.errors import ConfigError
 from hwplug.core.platform import Platform
@@ -197,7 +199,7 @@ class Session:
         :raises ConfigError: the config cannot run on the platform.
         :raises PluginError: the platform or a plugin misbehaved.
         """
-        from hwplug.core import resolve as pipeline
+        # lazy: pydantic; `import hwplug` and platform selection stay light
         from hwplug.core.config import EngineConfig
 
         plat = self.as_platform(platform, "resolve(platform=...)")
@@ -221,7 +223,6 @@ class Session:
         cached = self._backends
         if cached is not None and cached[0] == version:
             return cached[1]
-        from hwplug.attention.registry import BUILTIN_BACKENDS, collect_backends
 
         table = collect_backends(BUILTIN_BACKENDS, self.plugin_manager.attention_backend_results())
         self._backends = (version, table)
@@ -232,13 +233,12 @@ class Session:
 
         :raises ConfigError: unknown name (the message lists the known ones).
         """
-        from hwplug.attention.registry import lookup_backend
-
         return lookup_backend(name, self.attention_backends())
 
     # ------------------------------------------------------------------ compilation
     def piecewise_backend(self, compilation: Any, engine_config: Any) -> Callable[..., Any]:
         """The level-3 ``torch.compile`` backend, capturing with this session's platform."""
+        # lazy: torch; `import hwplug` and platform selection stay light
         from hwplug.compilation.piecewise import PiecewiseBackend
 
         return PiecewiseBackend(compilation, engine_config, platform=self.platform)
