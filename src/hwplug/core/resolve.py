@@ -31,18 +31,18 @@ import contextvars
 import copy
 import dataclasses
 import enum
-import functools
-import inspect
 import json
 import logging
 import re
-import threading
 from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from hwplug.core.errors import ConfigError, PluginError, brief, error_line, one_line
+from hwplug.core.hookcall import call_hook
 
 if TYPE_CHECKING:
+    from pluggy import HookImpl
+
     from hwplug.core.config import EngineConfig
     from hwplug.core.platform import Platform
 
@@ -235,10 +235,6 @@ class ChangeLog:
         """Whether the user set ``section.field`` (gave it, whatever the value)."""
         self._locate(path)
         return path in self.user_set
-
-    def user_value(self, path: str) -> Any:
-        """The value the user gave ``section.field`` (``KeyError`` when not set)."""
-        return self._user_values[path]
 
     def record(self, path: str, new: Any, reason: str, source: str | None = None) -> None:
         """Set ``section.field`` to ``new`` and log the change with ``reason``.
@@ -433,78 +429,19 @@ def _guarded(
         _step.reset(token)
 
 
-_GUARD_MARK = "__hwplug_guarded__"
-_wrap_lock = threading.Lock()
-
-
-def _guard_implementations(hook: Any) -> None:
-    """Make every implementation of ``hook`` run as its plugin, under guard.
-
-    The wrapper is installed once per implementation and does nothing outside
-    a resolution (no step is active then), so pluggy's order, ``tryfirst``,
-    ``trylast`` and ``wrapper=True`` work as usual.
-    """
-    with _wrap_lock:
-        for impl in hook.get_hookimpls():
-            if getattr(impl.function, _GUARD_MARK, False):
-                continue
-            impl.function = _guard_function(impl.function, impl.plugin_name, hook.name)
-
-
-def _guard_function(function: Callable[..., Any], plugin: str, hook: str) -> Callable[..., Any]:
-    if inspect.isgeneratorfunction(function):
-
-        @functools.wraps(function)
-        def run_generator(*args: Any) -> Any:
-            gen = function(*args)
-            send: Any = None
-            throw: BaseException | None = None
-            _trace.debug("  %s: plugin %s (wrapper)", hook, plugin)
-            while True:
-                try:
-                    with _as_plugin(plugin):
-                        item = gen.throw(throw) if throw is not None else gen.send(send)
-                except StopIteration as stop:
-                    return stop.value
-                throw = None
-                try:
-                    send = yield item
-                except BaseException as exc:
-                    throw = exc
-
-        setattr(run_generator, _GUARD_MARK, True)
-        return run_generator
-
-    @functools.wraps(function)
-    def run(*args: Any) -> Any:
-        _trace.debug("  %s: plugin %s", hook, plugin)
-        with _as_plugin(plugin):
-            return function(*args)
-
-    setattr(run, _GUARD_MARK, True)
-    return run
-
-
-@contextlib.contextmanager
-def _as_plugin(plugin: str) -> Iterator[None]:
-    if _step.get() is None:
-        # Not resolving (a plugin's hook called directly): attribute, nothing more.
-        token = _source.set(plugin)
-        try:
-            yield
-        finally:
-            _source.reset(token)
-        return
-    with _acting_as(plugin):
-        yield
-
-
 def _call_hook(hooks: Any, name: str, **kwargs: Any) -> None:
+    """Call every implementation of hook ``name`` as pluggy would, each part of
+    each one running as its plugin, under guard."""
     if hooks is None:
         return
-    hook = getattr(hooks, name)
-    _guard_implementations(hook)
-    hook(**kwargs)
+    _trace.debug("%s", name)
+
+    def run(impl: HookImpl, call: Callable[[], Any]) -> Any:
+        _trace.debug("  %s: plugin %s", name, impl.plugin_name)
+        with _acting_as(impl.plugin_name):
+            return call()
+
+    call_hook(getattr(hooks, name), kwargs, run)
 
 
 # ---------------------------------------------------------------------------
@@ -1074,13 +1011,3 @@ def _splitting_conflict(path: str, old: Any, new: Any, comp: Any) -> str:
         f"use compilation.cudagraph_mode={_jsonable(new)}, or leave "
         "compilation.splitting_ops unset"
     )
-
-
-def describe_with(distributions: Mapping[str, str]) -> Describe:
-    """A :data:`Describe` that adds each source's distribution from ``distributions``."""
-
-    def describe(source: str) -> str:
-        dist = distributions.get(source)
-        return f"{source!r} (distribution {dist})" if dist else repr(source)
-
-    return describe
