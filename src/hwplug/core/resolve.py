@@ -32,6 +32,7 @@ import contextvars
 import copy
 import dataclasses
 import enum
+import functools
 import json
 import logging
 import re
@@ -157,6 +158,7 @@ def _field_names(section_type: type) -> tuple[str, ...]:
 
 
 _ATOMIC = (type(None), bool, int, float, complex, str, bytes, enum.Enum)
+_PLAIN = frozenset({type(None), bool, int, float, str, frozenset})  # the usual, checked first
 _FLAT = (list, dict, set, collections.Counter)
 
 
@@ -164,36 +166,46 @@ def _atomic_type(kind: type) -> bool:
     return issubclass(kind, _ATOMIC)
 
 
+@functools.cache
+def _section_base() -> type:
+    from hwplug.core.config._common import ConfigSection
+
+    return ConfigSection
+
+
 def _frozen(value: Any) -> Any:
     """``value`` as it is now, unaffected by later changes in place: itself when it cannot
-    change in place, a shallow copy of a list, dict or set of such values, else a deep copy."""
+    change in place, a shallow copy of a list, dict or set of such values, a config
+    section copied the same way, else a deep copy."""
     kind = type(value)
     if kind in _FLAT:
         items = value.values() if isinstance(value, dict) else value
         if all(map(_atomic_type, set(map(type, items)))):
             return value.copy()
-    elif kind in (tuple, frozenset):
+    elif kind is tuple:
         if all(map(_atomic_type, set(map(type, value)))):
             return value
     elif isinstance(value, _ATOMIC):
         return value
+    elif isinstance(value, _section_base()):
+        twin = object.__new__(kind)
+        vars(twin).update(_state(value))
+        return twin
     return copy.deepcopy(value)
 
 
 def _state(part: Any) -> dict[str, Any]:
     """A config section's attributes as they are now (see :func:`_frozen`)."""
-    return {name: _frozen(value) for name, value in vars(part).items()}
+    return {
+        name: value if type(value) in _PLAIN else _frozen(value)
+        for name, value in vars(part).items()
+    }
 
 
 def _working_copy(config: EngineConfig) -> EngineConfig:
-    """An independent copy of ``config``, section by section (a generic deep copy is the
-    slowest step of resolving a small config)."""
-    work = copy.copy(config)
-    for name in _section_names(config):
-        part = getattr(config, name)
-        twin = object.__new__(type(part))
-        vars(twin).update(_state(part))
-        vars(work)[name] = twin
+    """An independent copy of ``config``, section by section (a generic deep copy was
+    the slowest step of resolving a small config)."""
+    work: EngineConfig = _frozen(config)
     return work
 
 
