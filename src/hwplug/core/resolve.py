@@ -254,14 +254,14 @@ class ChangeLog:
         return True
 
     def _locate(self, path: str) -> tuple[Any, str]:
-        sections = _sections(self._config)
+        sections = _section_names(self._config)
         section, sep, name = path.partition(".")
         if not sep or section not in sections:
             raise ConfigError(
                 f"change path {path!r} must be 'section.field' with section one of: "
                 f"{', '.join(sections)}"
             )
-        part = sections[section]
+        part = getattr(self._config, section)
         names = _field_names(type(part))
         if name not in names:
             raise ConfigError(
@@ -331,7 +331,8 @@ class ChangeLog:
             if part is old_part and vars(part) == old_state:
                 continue  # the usual case: one comparison for the whole section
             for name in _field_names(type(part)):
-                if not _same(old_state.get(name), getattr(part, name)):
+                old, new = old_state.get(name), getattr(part, name)
+                if old is not new and not _same(old, new):
                     wrong.append(f"{section}.{name}")
         return wrong
 
