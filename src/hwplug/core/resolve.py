@@ -158,7 +158,8 @@ def _field_names(section_type: type) -> tuple[str, ...]:
 
 
 _ATOMIC = (type(None), bool, int, float, complex, str, bytes, enum.Enum)
-_PLAIN = frozenset({type(None), bool, int, float, str, frozenset})  # the usual, checked first
+# Types whose values _state keeps without a call: the usual ones, and enums met since.
+_PLAIN = {type(None), bool, int, float, str, frozenset}
 _FLAT = (list, dict, set, collections.Counter)
 
 
@@ -181,11 +182,17 @@ def _frozen(value: Any) -> Any:
     if kind in _FLAT:
         items = value.values() if isinstance(value, dict) else value
         if all(map(_atomic_type, set(map(type, items)))):
+            if kind is collections.Counter:  # Counter.copy() is slow Python code
+                twin = kind.__new__(kind)
+                dict.update(twin, value)
+                return twin
             return value.copy()
     elif kind is tuple:
         if all(map(_atomic_type, set(map(type, value)))):
             return value
     elif isinstance(value, _ATOMIC):
+        if isinstance(value, enum.Enum):
+            _PLAIN.add(kind)
         return value
     elif isinstance(value, _section_base()):
         twin = object.__new__(kind)
