@@ -163,6 +163,36 @@ def test_recorded_changes_in_wrappers_and_helpers_pass_the_guard(registered) -> 
     assert sources["scheduler.max_num_batched_tokens"] == "wrap"
 
 
+def test_a_failure_inside_a_wrapper_names_the_failing_plugin_not_the_wrapper(registered) -> None:
+    class Wrapper:
+        @hwplug.hookimpl(wrapper=True)
+        def hwplug_check_and_update_config(self):  # type: ignore[no-untyped-def]
+            return (yield)
+
+    class Fails:
+        @hwplug.hookimpl(tryfirst=True)
+        def hwplug_check_and_update_config(self) -> None:
+            raise ValueError("boom")
+
+    registered(Fails(), "fails")
+    registered(Wrapper(), "wrap")
+    with pytest.raises(hwplug.PluginError, match=r"plugin 'fails'.*ValueError: boom"):
+        hwplug.resolve(platform="h100")
+
+
+def test_a_wrapper_that_assigns_after_its_yield_is_named(registered) -> None:
+    class Wrapper:
+        @hwplug.hookimpl(wrapper=True)
+        def hwplug_check_and_update_config(self, config: EngineConfig):  # type: ignore[no-untyped-def]
+            result = yield
+            config.scheduler.max_num_seqs = 8
+            return result
+
+    registered(Wrapper(), "late_wrap")
+    with pytest.raises(hwplug.PluginError, match=r"'late_wrap'.*scheduler\.max_num_seqs"):
+        hwplug.resolve(platform="h100")
+
+
 def test_a_platform_that_assigns_behind_the_log_is_named() -> None:
     from hwplug.platforms.cuda import CudaPlatform
 

@@ -26,23 +26,25 @@ a verify step) is a :class:`~hwplug.PluginError` naming the culprit.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import contextvars
 import copy
 import dataclasses
 import enum
 import functools
-import inspect
 import json
 import logging
 import re
-import threading
 from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from hwplug.core.errors import ConfigError, PluginError, brief, error_line, one_line
+from hwplug.core.hookcall import call_hook
 
 if TYPE_CHECKING:
+    from pluggy import HookImpl
+
     from hwplug.core.config import EngineConfig
     from hwplug.core.platform import Platform
 
@@ -114,8 +116,18 @@ def _short(value: Any, limit: int = 60) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
+_SECTIONS: dict[type, tuple[str, ...]] = {}
+
+
+def _section_names(config: EngineConfig) -> tuple[str, ...]:
+    names = _SECTIONS.get(type(config))
+    if names is None:
+        names = _SECTIONS[type(config)] = tuple(type(config).section_types())
+    return names
+
+
 def _sections(config: EngineConfig) -> dict[str, Any]:
-    return {name: getattr(config, name) for name in type(config).section_types()}
+    return {name: getattr(config, name) for name in _section_names(config)}
 
 
 def user_set_fields(config: EngineConfig) -> frozenset[str]:
@@ -145,25 +157,63 @@ def _field_names(section_type: type) -> tuple[str, ...]:
     return names
 
 
-def _field_paths(config: EngineConfig) -> Iterator[tuple[str, Any, str]]:
-    """``(path, section object, field name)`` for every field, derived ones included."""
-    for section, part in _sections(config).items():
-        for name in _field_names(type(part)):
-            yield f"{section}.{name}", part, name
+_ATOMIC = (type(None), bool, int, float, complex, str, bytes, enum.Enum)
+# Types whose values _state keeps without a call: the usual ones, and enums met since.
+_PLAIN = {type(None), bool, int, float, str, frozenset}
+_FLAT = (list, dict, set, collections.Counter)
 
 
-_IMMUTABLE = (type(None), bool, int, float, str, bytes, enum.Enum)
+def _atomic_type(kind: type) -> bool:
+    return issubclass(kind, _ATOMIC)
+
+
+@functools.cache
+def _section_base() -> type:
+    from hwplug.core.config._common import ConfigSection
+
+    return ConfigSection
 
 
 def _frozen(value: Any) -> Any:
-    """``value`` as it is now: itself when it cannot change in place, else a deep copy."""
-    if isinstance(value, _IMMUTABLE):
+    """``value`` as it is now, unaffected by later changes in place: itself when it cannot
+    change in place, a shallow copy of a list, dict or set of such values, a config
+    section copied the same way, else a deep copy."""
+    kind = type(value)
+    if kind in _FLAT:
+        items = value.values() if isinstance(value, dict) else value
+        if all(map(_atomic_type, set(map(type, items)))):
+            if kind is collections.Counter:  # Counter.copy() is slow Python code
+                twin = kind.__new__(kind)
+                dict.update(twin, value)
+                return twin
+            return value.copy()
+    elif kind is tuple:
+        if all(map(_atomic_type, set(map(type, value)))):
+            return value
+    elif isinstance(value, _ATOMIC):
+        if isinstance(value, enum.Enum):
+            _PLAIN.add(kind)
         return value
-    if isinstance(value, tuple) and all(isinstance(v, _IMMUTABLE) for v in value):
-        return value
-    if type(value) is list and all(isinstance(v, _IMMUTABLE) for v in value):
-        return list(value)  # a list of numbers or names (capture sizes): a shallow copy
+    elif isinstance(value, _section_base()):
+        twin = object.__new__(kind)
+        vars(twin).update(_state(value))
+        return twin
     return copy.deepcopy(value)
+
+
+def _state(part: Any) -> dict[str, Any]:
+    """A config section's attributes as they are now (see :func:`_frozen`)."""
+    return {
+        name: value if type(value) in _PLAIN else _frozen(value)
+        for name, value in vars(part).items()
+    }
+
+
+def _working_copy(config: EngineConfig) -> EngineConfig:
+    """An independent copy of ``config``, section by section (a generic deep copy was
+    the slowest step of resolving a small config)."""
+    work: EngineConfig = _frozen(config)
+    return work
 
 
 def _same(old: Any, new: Any) -> bool:
@@ -193,7 +243,7 @@ class ChangeLog:
             user_set_fields(config) if user_set is None else frozenset(user_set)
         )
         self._user_values = {
-            path: copy.deepcopy(self.get(path)) for path in self.user_set if self._known(path)
+            path: _frozen(self.get(path)) for path in self.user_set if self._known(path)
         }
         self.changes: list[Change] = []
 
@@ -211,14 +261,14 @@ class ChangeLog:
         return True
 
     def _locate(self, path: str) -> tuple[Any, str]:
-        sections = _sections(self._config)
+        sections = _section_names(self._config)
         section, sep, name = path.partition(".")
         if not sep or section not in sections:
             raise ConfigError(
                 f"change path {path!r} must be 'section.field' with section one of: "
                 f"{', '.join(sections)}"
             )
-        part = sections[section]
+        part = getattr(self._config, section)
         names = _field_names(type(part))
         if name not in names:
             raise ConfigError(
@@ -235,10 +285,6 @@ class ChangeLog:
         """Whether the user set ``section.field`` (gave it, whatever the value)."""
         self._locate(path)
         return path in self.user_set
-
-    def user_value(self, path: str) -> Any:
-        """The value the user gave ``section.field`` (``KeyError`` when not set)."""
-        return self._user_values[path]
 
     def record(self, path: str, new: Any, reason: str, source: str | None = None) -> None:
         """Set ``section.field`` to ``new`` and log the change with ``reason``.
@@ -270,36 +316,46 @@ class ChangeLog:
             raise ConfigError(
                 f"{who} set {path} to {brief(new)}, which is invalid: {one_line(str(exc))}"
             ) from exc
-        self.note(path, old, copy.deepcopy(getattr(part, name)), reason, who)
+        self.note(path, old, _frozen(getattr(part, name)), reason, who)
 
     def note(self, path: str, old: Any, new: Any, reason: str, source: str | None = None) -> None:
         """Log a change that was already applied (by a config method, say)."""
         if _same(old, new):
             return
         who = source if source is not None else _source.get()
-        self.changes.append(Change(path, copy.deepcopy(old), new, who, reason))
+        self.changes.append(Change(path, _frozen(old), new, who, reason))
 
     # -- guarding against changes made behind the log ------------------------------
-    def _snapshot(self) -> dict[str, Any]:
-        return {
-            path: _frozen(getattr(part, name)) for path, part, name in _field_paths(self._config)
-        }
+    def _snapshot(self) -> dict[str, tuple[Any, dict[str, Any]]]:
+        """Every section (the object and its attributes) as it is now."""
+        return {name: (part, _state(part)) for name, part in _sections(self._config).items()}
 
-    def _unrecorded(self, before: dict[str, Any], since: int) -> list[str]:
+    def _differences(self, before: dict[str, tuple[Any, dict[str, Any]]]) -> list[str]:
+        """The fields (``section.field``) that differ from ``before``."""
+        wrong = []
+        for section, (old_part, old_state) in before.items():
+            part = getattr(self._config, section)
+            if part is old_part and vars(part) == old_state:
+                continue  # the usual case: one comparison for the whole section
+            for name in _field_names(type(part)):
+                old, new = old_state.get(name), getattr(part, name)
+                if old is not new and not _same(old, new):
+                    wrong.append(f"{section}.{name}")
+        return wrong
+
+    def _unrecorded(self, before: dict[str, tuple[Any, dict[str, Any]]], since: int) -> list[str]:
         """Fields that differ from ``before`` other than through :meth:`record` since
         change number ``since``."""
-        recorded: dict[str, Any] = {}
-        for change in self.changes[since:]:
-            recorded[change.path] = change.new
-        wrong = []
-        for path, part, name in _field_paths(self._config):
-            now = getattr(part, name)
-            if _same(before[path], now):
-                continue
-            if path in recorded and _same(recorded[path], now):
-                continue
-            wrong.append(path)
-        return wrong
+        recorded = {change.path: change.new for change in self.changes[since:]}
+        return [
+            path
+            for path in self._differences(before)
+            if not (path in recorded and _same(recorded[path], self.get(path)))
+        ]
+
+    def _before(self, before: dict[str, tuple[Any, dict[str, Any]]], path: str) -> Any:
+        section, _, name = path.partition(".")
+        return before[section][1].get(name)
 
 
 @dataclasses.dataclass
@@ -402,21 +458,20 @@ def _who(source: str, describe: Describe) -> str:
     return f"plugin {describe(source)}"
 
 
-def _check_unrecorded(step: _Step, source: str, before: dict[str, Any], since: int) -> None:
+def _check_unrecorded(
+    step: _Step, source: str, before: dict[str, tuple[Any, dict[str, Any]]], since: int
+) -> None:
     if step.may_change:
         wrong = step.changes._unrecorded(before, since)
         how = "behind the change log; change fields only through changes.record(path, new, reason)"
     else:
-        wrong = [
-            path
-            for path, part, name in _field_paths(step.changes._config)
-            if not _same(before[path], getattr(part, name))
-        ]
+        wrong = step.changes._differences(before)
         how = "although verification must not change the config; raise ConfigError instead"
     if not wrong:
         return
     details = ", ".join(
-        f"{path} ({brief(_jsonable(before[path]))} -> {brief(_jsonable(step.changes.get(path)))})"
+        f"{path} ({brief(_jsonable(step.changes._before(before, path)))} -> "
+        f"{brief(_jsonable(step.changes.get(path)))})"
         for path in wrong
     )
     raise PluginError(f"{_who(source, step.describe)} changed {details} in {step.phase} {how}")
@@ -433,78 +488,19 @@ def _guarded(
         _step.reset(token)
 
 
-_GUARD_MARK = "__hwplug_guarded__"
-_wrap_lock = threading.Lock()
-
-
-def _guard_implementations(hook: Any) -> None:
-    """Make every implementation of ``hook`` run as its plugin, under guard.
-
-    The wrapper is installed once per implementation and does nothing outside
-    a resolution (no step is active then), so pluggy's order, ``tryfirst``,
-    ``trylast`` and ``wrapper=True`` work as usual.
-    """
-    with _wrap_lock:
-        for impl in hook.get_hookimpls():
-            if getattr(impl.function, _GUARD_MARK, False):
-                continue
-            impl.function = _guard_function(impl.function, impl.plugin_name, hook.name)
-
-
-def _guard_function(function: Callable[..., Any], plugin: str, hook: str) -> Callable[..., Any]:
-    if inspect.isgeneratorfunction(function):
-
-        @functools.wraps(function)
-        def run_generator(*args: Any) -> Any:
-            gen = function(*args)
-            send: Any = None
-            throw: BaseException | None = None
-            _trace.debug("  %s: plugin %s (wrapper)", hook, plugin)
-            while True:
-                try:
-                    with _as_plugin(plugin):
-                        item = gen.throw(throw) if throw is not None else gen.send(send)
-                except StopIteration as stop:
-                    return stop.value
-                throw = None
-                try:
-                    send = yield item
-                except BaseException as exc:
-                    throw = exc
-
-        setattr(run_generator, _GUARD_MARK, True)
-        return run_generator
-
-    @functools.wraps(function)
-    def run(*args: Any) -> Any:
-        _trace.debug("  %s: plugin %s", hook, plugin)
-        with _as_plugin(plugin):
-            return function(*args)
-
-    setattr(run, _GUARD_MARK, True)
-    return run
-
-
-@contextlib.contextmanager
-def _as_plugin(plugin: str) -> Iterator[None]:
-    if _step.get() is None:
-        # Not resolving (a plugin's hook called directly): attribute, nothing more.
-        token = _source.set(plugin)
-        try:
-            yield
-        finally:
-            _source.reset(token)
-        return
-    with _acting_as(plugin):
-        yield
-
-
 def _call_hook(hooks: Any, name: str, **kwargs: Any) -> None:
+    """Call every implementation of hook ``name`` as pluggy would, each part of
+    each one running as its plugin, under guard."""
     if hooks is None:
         return
-    hook = getattr(hooks, name)
-    _guard_implementations(hook)
-    hook(**kwargs)
+    _trace.debug("%s", name)
+
+    def run(impl: HookImpl, call: Callable[[], Any]) -> Any:
+        _trace.debug("  %s: plugin %s", name, impl.plugin_name)
+        with _acting_as(impl.plugin_name):
+            return call()
+
+    call_hook(getattr(hooks, name), kwargs, run)
 
 
 # ---------------------------------------------------------------------------
@@ -541,7 +537,7 @@ def resolve(
             f"got {type(config).__name__}"
         )
     name = describe or _plain
-    work = copy.deepcopy(config)
+    work = _working_copy(config)
     changes = ChangeLog(work)
     _step_copy(work, changes)
     _step_defaults(work, platform, changes)
@@ -950,7 +946,7 @@ def _step_finalise(
         )
 
     if comp.level == CompilationLevel.PIECEWISE:
-        before = {p: copy.deepcopy(changes.get(p)) for p in _PIECEWISE_SENSITIVE}
+        before = {p: _frozen(changes.get(p)) for p in _PIECEWISE_SENSITIVE}
         comp.set_splitting_ops_for_v1()
         for path in _PIECEWISE_SENSITIVE:
             after = changes.get(path)
@@ -958,7 +954,7 @@ def _step_finalise(
                 continue
             if changes.was_set(path):
                 raise ConfigError(_splitting_conflict(path, before[path], after, comp))
-            changes.note(path, before[path], copy.deepcopy(after), _splitting_reason(path, comp))
+            changes.note(path, before[path], _frozen(after), _splitting_reason(path, comp))
         missing = [op for op in _HWPLUG_ATTENTION_OPS if op not in (comp.splitting_ops or [])]
         if (
             backend is not None
@@ -987,8 +983,8 @@ def _step_finalise(
     graphs_on = (
         plat.has_device_graphs() and mode != CUDAGraphMode.NONE and not config.model.enforce_eager
     )
-    sizes_before = copy.deepcopy(comp.cudagraph_capture_sizes)
-    compile_before = copy.deepcopy(comp.compile_sizes)
+    sizes_before = _frozen(comp.cudagraph_capture_sizes)
+    compile_before = _frozen(comp.compile_sizes)
     sizes = config.default_cudagraph_capture_sizes() if graphs_on else []
     comp.init_with_cudagraph_sizes(sizes)
     # Normalising what the user gave (dedupe, sort, expand) is not a change.
@@ -1002,14 +998,14 @@ def _step_finalise(
         changes.note(
             "compilation.cudagraph_capture_sizes",
             sizes_before,
-            copy.deepcopy(comp.cudagraph_capture_sizes),
+            _frozen(comp.cudagraph_capture_sizes),
             reason,
         )
     if not changes.was_set("compilation.compile_sizes"):
         changes.note(
             "compilation.compile_sizes",
             compile_before,
-            copy.deepcopy(comp.compile_sizes),
+            _frozen(comp.compile_sizes),
             "sizes for Inductor: 'cudagraph_capture_sizes' expanded, duplicates removed"
             if compile_before is not None
             else "no sizes for Inductor to specialise for",
@@ -1074,13 +1070,3 @@ def _splitting_conflict(path: str, old: Any, new: Any, comp: Any) -> str:
         f"use compilation.cudagraph_mode={_jsonable(new)}, or leave "
         "compilation.splitting_ops unset"
     )
-
-
-def describe_with(distributions: Mapping[str, str]) -> Describe:
-    """A :data:`Describe` that adds each source's distribution from ``distributions``."""
-
-    def describe(source: str) -> str:
-        dist = distributions.get(source)
-        return f"{source!r} (distribution {dist})" if dist else repr(source)
-
-    return describe

@@ -1,11 +1,11 @@
 """Selecting the platform: the platform classes plugins provide, their probes, the choice.
 
-``hwplug_platforms`` is called through pluggy (so ``tryfirst``, ``trylast``
-and wrappers apply); each implementation's result is checked on its own, so
-a plugin that raises or returns garbage is named and skipped while the
-others go on. Platform classes are validated before they take part: a name
-that is not lower case, a priority that is not an integer, profiles that are
-not a dict of devices. A platform or profile name claimed twice is a
+``hwplug_platforms`` is called as pluggy would (by :mod:`hwplug.core.hookcall`, so
+``tryfirst``, ``trylast`` and wrappers apply); each implementation's result is
+checked on its own, so a plugin that raises or returns garbage is named and
+skipped while the others go on. Platform classes are validated before they
+take part: a name that is not lower case, a priority that is not an integer,
+profiles that are not a dict of devices. A platform or profile name claimed twice is a
 :class:`~hwplug.PluginError` naming both distributions.
 
 Selection asks every platform's ``detect()`` (torch-free); the present
@@ -16,18 +16,19 @@ platform with the highest priority wins. ``HWPLUG_SIMULATE`` (a profile) and
 from __future__ import annotations
 
 import dataclasses
-import functools
 import logging
 import os
-import threading
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from hwplug.core.errors import ConfigError, PluginError, brief, error_line
+from hwplug.core.hookcall import call_hook
 from hwplug.core.names import is_name
 from hwplug.core.platform import DeviceInfo, Platform, parse_profile_spec
 
 if TYPE_CHECKING:
+    from pluggy import HookImpl
+
     from hwplug.plugins.plugin_manager import HwplugPluginManager
 
 __all__ = [
@@ -112,35 +113,23 @@ class _Tagged:
     error: BaseException | None = None
 
 
-_TAG_MARK = "__hwplug_tagged__"
-_tag_lock = threading.Lock()
-
-
-def _tag(function: Callable[..., Any], plugin: str) -> Callable[..., Any]:
-    @functools.wraps(function)
-    def run(*args: Any) -> _Tagged:
-        try:
-            return _Tagged(plugin, result=function(*args))
-        except (KeyboardInterrupt, GeneratorExit):
-            raise
-        except BaseException as exc:
-            return _Tagged(plugin, error=exc)
-
-    setattr(run, _TAG_MARK, True)
-    return run
+def _tagged(impl: HookImpl, call: Callable[[], Any]) -> Any:
+    """Run one implementation; a plain one's outcome comes back labelled with its plugin."""
+    if impl.wrapper or impl.hookwrapper:
+        return call()
+    try:
+        return _Tagged(impl.plugin_name, result=call())
+    except (KeyboardInterrupt, GeneratorExit):
+        raise
+    except BaseException as exc:
+        return _Tagged(impl.plugin_name, error=exc)
 
 
 def call_each(pm: HwplugPluginManager, hook_name: str) -> list[_Tagged]:
-    """Call a collecting hook through pluggy, each implementation's outcome labelled
+    """Call a collecting hook as pluggy would, each implementation's outcome labelled
     with its plugin (an implementation that raises yields its error, not the call's)."""
-    hook = getattr(pm.hook, hook_name)
-    with _tag_lock:
-        for impl in hook.get_hookimpls():
-            if not (impl.wrapper or impl.hookwrapper) and not getattr(
-                impl.function, _TAG_MARK, False
-            ):
-                impl.function = _tag(impl.function, impl.plugin_name)
-    return [item for item in hook() if isinstance(item, _Tagged)]
+    outcomes = call_hook(getattr(pm.hook, hook_name), {}, _tagged)
+    return [item for item in outcomes if isinstance(item, _Tagged)]
 
 
 def _class_problem(item: object) -> str | None:
