@@ -106,7 +106,7 @@ def test_npu_cache_rules(acme_site: Path) -> None:
     assert first == "fp8"
     assert second == (
         "ConfigError: cache.cache_dtype='fp8' is not supported on ACME N1 Inference "
-        "Accelerator: fp8 KV caches need an ACME N2 or later; "
+        "Accelerator (n1): fp8 KV caches need an ACME N2 or later; "
         "use cache.cache_dtype='auto' or 'bfloat16'"
     )
 

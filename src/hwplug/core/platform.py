@@ -696,7 +696,7 @@ class Platform:
         """
         runtime = self.__dict__.get("_runtime")
         if runtime is not None:
-            return runtime  # type: ignore[no-any-return]
+            return runtime
         cls = self.runtime_cls
         if not (isinstance(cls, type) and issubclass(cls, DeviceRuntime)):
             raise PluginError(
@@ -704,7 +704,7 @@ class Platform:
                 "subclass of hwplug.core.runtime.DeviceRuntime"
             )
         # setdefault: threads that race here all get the runtime stored first
-        return self.__dict__.setdefault("_runtime", cls(self))  # type: ignore[no-any-return]
+        return self.__dict__.setdefault("_runtime", cls(self))
 
     def torch_device(self, i: int = 0) -> torch.device:
         """The torch device for device ``i`` (see :meth:`DeviceRuntime.torch_device`)."""

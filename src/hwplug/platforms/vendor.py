@@ -198,7 +198,7 @@ class VendorPlatform(Platform):
     :class:`VendorRuntime` unless it names another in ``runtime_cls``.
     """
 
-    runtime_cls = VendorRuntime
+    runtime_cls: ClassVar[type[DeviceRuntime]] = VendorRuntime
 
     profile_table: ClassVar[Mapping[str, DeviceInfo]] = {}
     """Simulated profiles of this platform, by name."""
