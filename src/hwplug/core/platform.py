@@ -740,17 +740,6 @@ class Platform:
         (see :meth:`DeviceRuntime.peak_memory_usage`)."""
         return self.runtime.peak_memory_usage(i)
 
-    def init_process_group(
-        self,
-        world_size: int,
-        rank: int,
-        init_method: str = "env://",
-        timeout: timedelta | float | None = None,
-    ) -> Any:
-        """Initialise ``torch.distributed`` only
-        (see :meth:`DeviceRuntime.init_process_group`)."""
-        return self.runtime.init_process_group(world_size, rank, init_method, timeout)
-
     def init_distributed(
         self,
         rank: int,

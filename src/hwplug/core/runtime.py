@@ -181,14 +181,8 @@ class DeviceRuntime:
         ``torch.<device_type>.memory_allocated`` (0 where torch has no such
         function).
         """
-        self.platform._device(i)
-        if self.platform.simulated:
-            return 0
-        try:
-            module = self.torch_module("memory usage", "memory_allocated")
-        except RuntimeError:
-            return 0
-        return int(module.memory_allocated(i))
+        used = self._torch_counter(i, "memory usage", "memory_allocated")
+        return 0 if used is None else used
 
     def peak_memory_usage(self, i: int = 0) -> int:
         """The most bytes this process has held on device ``i`` since the last reset
@@ -196,14 +190,20 @@ class DeviceRuntime:
         activations included. Without a peak counter: the current usage; simulated
         devices 0.
         """
+        peak = self._torch_counter(i, "peak memory usage", "max_memory_allocated")
+        return self.get_current_memory_usage(i) if peak is None else peak
+
+    def _torch_counter(self, i: int, what: str, attribute: str) -> int | None:
+        """``torch.<device_type>.<attribute>(i)``: 0 on a simulated device, None where
+        torch has no such counter."""
         self.platform._device(i)
         if self.platform.simulated:
             return 0
         try:
-            module = self.torch_module("peak memory usage", "max_memory_allocated")
+            module = self.torch_module(what, attribute)
         except RuntimeError:
-            return self.get_current_memory_usage(i)
-        return int(module.max_memory_allocated(i))
+            return None
+        return int(getattr(module, attribute)(i))
 
     # -- distributed -----------------------------------------------------------------
     def bind_device(self, local_rank: int) -> None:

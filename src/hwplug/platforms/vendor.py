@@ -208,16 +208,6 @@ class VendorPlatform(Platform):
     """How to answer ``capability``, ``name``, ``memory``, ``memory usage`` (and
     platform-specific questions) on real hardware."""
 
-    def __init__(
-        self,
-        devices: Iterable[DeviceInfo] = (),
-        *,
-        simulated: bool = False,
-        profile: str | None = None,
-    ) -> None:
-        super().__init__(devices, simulated=simulated, profile=profile)
-        self._answers: dict[tuple[str, int], Any] = {}
-
     @classmethod
     def profiles(cls) -> dict[str, DeviceInfo]:
         return dict(cls.profile_table)
@@ -244,9 +234,11 @@ class VendorPlatform(Platform):
         query = self.device_queries.get(what)
         if self.simulated or query is None:
             return None
+        # answers are kept per instance, made on first use
+        answers: dict[tuple[str, int], Any] = self.__dict__.setdefault("_answers", {})
         key = (what, i)
-        if query.cached and key in self._answers:
-            return self._answers[key]
+        if query.cached and key in answers:
+            return answers[key]
         value = None
         if query.vendor is not None and self.library is not None:
             ask = query.vendor
@@ -264,7 +256,7 @@ class VendorPlatform(Platform):
             value = torch_cuda_query(what, lambda tc: ask_torch(tc, i))
         value = value or None
         if value is not None and query.cached:
-            self._answers[key] = value
+            answers[key] = value
         return value
 
     def get_device_capability(self, i: int = 0) -> DeviceCapability | None:
