@@ -6,13 +6,23 @@ import subprocess
 import sys
 
 
-def test_current_platform_imports_neither_torch_nor_pydantic() -> None:
-    code = (
-        "import sys, hwplug; hwplug.current_platform; "
-        "print([m for m in ('torch', 'pydantic') if m in sys.modules])"
-    )
+def heavy_modules_after(code: str) -> str:
+    """Run ``code`` in a fresh interpreter; the heavy modules it imported, as printed."""
+    code += "; print([m for m in ('torch', 'pydantic') if m in sys.modules])"
     result = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False
+        [sys.executable, "-c", "import sys; " + code],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
     )
     assert result.returncode == 0, result.stderr
-    assert result.stdout.strip() == "[]"
+    return result.stdout.strip()
+
+
+def test_current_platform_imports_neither_torch_nor_pydantic() -> None:
+    assert heavy_modules_after("import hwplug; hwplug.current_platform") == "[]"
+
+
+def test_handing_out_the_platforms_runtime_imports_neither() -> None:
+    assert heavy_modules_after("import hwplug; hwplug.current_platform.runtime") == "[]"

@@ -40,7 +40,6 @@ def _no_kvcache_env(monkeypatch) -> None:
     [
         ("name", "cpu"),
         ("device_type", "cpu"),
-        ("dispatch_key", "CPU"),
         ("dist_backend", "gloo"),
         ("ray_device_key", ""),
         ("device_control_env_var", "CPU_VISIBLE_MEMORY_NODES"),

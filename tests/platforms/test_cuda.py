@@ -31,7 +31,6 @@ CUDA_PROFILES = ("b200", "h100", "h200", "a100", "l4", "rtx3090", "t4")
     [
         ("name", "cuda"),
         ("device_type", "cuda"),
-        ("dispatch_key", "CUDA"),
         ("dist_backend", "nccl"),
         ("ray_device_key", "GPU"),
         ("device_control_env_var", "CUDA_VISIBLE_DEVICES"),
@@ -352,7 +351,7 @@ def test_capability_queries_on_simulated_devices() -> None:
 def test_capability_unknown_means_no_capability_rule_applies(monkeypatch) -> None:
     # A real GPU whose capability nothing can tell (no NVML, no CUDA runtime).
     monkeypatch.setitem(sys.modules, "pynvml", None)
-    monkeypatch.setattr("hwplug.platforms.builtin.torch_cuda_query", lambda what, query: None)
+    monkeypatch.setattr("hwplug.platforms.vendor.torch_cuda_query", lambda what, query: None)
     plat = CudaPlatform([DeviceInfo("NVIDIA GPU [10de:ffff]", 0)])
     assert plat.supported_cache_dtypes() == CudaPlatform.cache_dtypes
     assert plat.supported_model_dtypes() == ("bfloat16", "float16", "float32")

@@ -61,7 +61,7 @@ def install_nvml(monkeypatch, gpus: list[FakeGPU], **kwargs: Any) -> Any:
 @pytest.fixture
 def torch_cuda(monkeypatch) -> TorchCudaRecorder:
     recorder = TorchCudaRecorder()
-    monkeypatch.setattr("hwplug.platforms.builtin.torch_cuda_query", recorder)
+    monkeypatch.setattr("hwplug.platforms.vendor.torch_cuda_query", recorder)
     return recorder
 
 
@@ -154,7 +154,7 @@ def test_nvml_failure_falls_back_to_detection(monkeypatch, torch_cuda, fail_on: 
 def test_without_pynvml_detection_then_torch_answer(monkeypatch) -> None:
     monkeypatch.setitem(sys.modules, "pynvml", None)
     recorder = TorchCudaRecorder({"capability": DeviceCapability(8, 6), "memory": 24 * GiB})
-    monkeypatch.setattr("hwplug.platforms.builtin.torch_cuda_query", recorder)
+    monkeypatch.setattr("hwplug.platforms.vendor.torch_cuda_query", recorder)
     plat = CudaPlatform([sysfs_only("NVIDIA GeForce RTX 3090")])
     assert plat.get_device_name() == "NVIDIA GeForce RTX 3090"
     assert recorder.asked == []
@@ -187,7 +187,7 @@ def test_memory_usage_from_nvml_is_not_cached(monkeypatch, torch_cuda) -> None:
 def test_memory_usage_falls_back_to_torch(monkeypatch) -> None:
     monkeypatch.setitem(sys.modules, "pynvml", None)
     recorder = TorchCudaRecorder({"memory usage": 3 * GiB})
-    monkeypatch.setattr("hwplug.platforms.builtin.torch_cuda_query", recorder)
+    monkeypatch.setattr("hwplug.platforms.vendor.torch_cuda_query", recorder)
     assert CudaPlatform([sysfs_only()]).get_current_memory_usage() == 3 * GiB
     recorder.answers.clear()
     assert CudaPlatform([sysfs_only()]).get_current_memory_usage() == 0
@@ -280,7 +280,7 @@ def test_amdsmi_failure_falls_back_to_detection(monkeypatch, torch_cuda) -> None
 def test_without_amdsmi_torch_is_the_last_resort(monkeypatch) -> None:
     monkeypatch.setitem(sys.modules, "amdsmi", None)
     recorder = TorchCudaRecorder({"arch": "gfx942", "memory usage": GiB})
-    monkeypatch.setattr("hwplug.platforms.builtin.torch_cuda_query", recorder)
+    monkeypatch.setattr("hwplug.platforms.vendor.torch_cuda_query", recorder)
     plat = RocmPlatform([kfd_only(arch=None)])
     assert plat.device_arch() == "gfx942"
     assert plat.is_fp8_fnuz()

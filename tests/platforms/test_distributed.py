@@ -87,7 +87,7 @@ def test_ze_affinity_tiles_map_to_their_card(monkeypatch) -> None:
 @pytest.mark.parametrize(("world_size", "rank"), [(0, 0), (2, 2), (2, -1)])
 def test_init_process_group_rejects_bad_ranks(world_size: int, rank: int) -> None:
     with pytest.raises(ValueError, match="rank"):
-        CpuPlatform.simulate("cpu-generic").init_process_group(world_size, rank)
+        CpuPlatform.simulate("cpu-generic").runtime.init_process_group(world_size, rank)
 
 
 def _free_port() -> int:
@@ -107,7 +107,7 @@ RANK_SCRIPT = textwrap.dedent(
 
     rank, port = int(sys.argv[1]), sys.argv[2]
     plat = CpuPlatform.simulate("cpu-generic")
-    group = plat.init_process_group(
+    group = plat.runtime.init_process_group(
         2, rank, init_method=f"tcp://127.0.0.1:{port}", timeout=60
     )
     assert dist.get_backend(group) == "gloo", dist.get_backend(group)

@@ -24,7 +24,6 @@ resolve = resolver("gaudi2")
     [
         ("name", "hpu"),
         ("device_type", "hpu"),
-        ("dispatch_key", "HPU"),
         ("dist_backend", "hccl"),
         ("ray_device_key", "HPU"),
         ("device_control_env_var", "HABANA_VISIBLE_MODULES"),

@@ -30,7 +30,6 @@ def device(arch: str, name: str = "AMD GPU") -> RocmPlatform:
     [
         ("name", "rocm"),
         ("device_type", "cuda"),
-        ("dispatch_key", "CUDA"),
         ("dist_backend", "nccl"),
         ("ray_device_key", "GPU"),
         ("device_control_env_var", "HIP_VISIBLE_DEVICES"),

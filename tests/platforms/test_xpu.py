@@ -30,7 +30,6 @@ XPU_PROFILES = ("max-1550", "arc-a770", "arc-b580")
     [
         ("name", "xpu"),
         ("device_type", "xpu"),
-        ("dispatch_key", "XPU"),
         ("ray_device_key", "GPU"),
         ("device_control_env_var", "ZE_AFFINITY_MASK"),
         ("priority", 10),

@@ -104,7 +104,11 @@ def test_npu_cache_rules(acme_site: Path) -> None:
     assert result.returncode == 0, result.stderr
     first, second = result.stdout.strip().splitlines()
     assert first == "fp8"
-    assert second.startswith("ConfigError: cache.cache_dtype='fp8' needs an ACME N2")
+    assert second == (
+        "ConfigError: cache.cache_dtype='fp8' is not supported on ACME N1 Inference "
+        "Accelerator (n1): fp8 KV caches need an ACME N2 or later; "
+        "use cache.cache_dtype='auto' or 'bfloat16'"
+    )
 
 
 def test_excluded_by_allow_list(acme_site: Path) -> None:

@@ -5,6 +5,10 @@ Its class attributes and small data tables (block sizes, cache dtypes, model
 dtypes) carry most of the knowledge; vendors override only what differs from
 the defaults below. Nothing here knows any particular chip.
 
+A platform keeps the rules; the device services an engine calls while it runs
+(SPEC 13 and 14) live in its runtime object (:mod:`hwplug.core.runtime`), which
+:attr:`Platform.runtime` hands out and the platform's service methods hand over to.
+
 Nothing in this module imports torch at import time; methods that need torch
 say so and import it lazily.
 """
@@ -18,7 +22,8 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
 
 from hwplug.core.dtypes import CACHE_DTYPE_FORMATS, canonical_dtype
-from hwplug.core.errors import ConfigError, brief
+from hwplug.core.errors import ConfigError, PluginError, brief
+from hwplug.core.runtime import DeviceRuntime
 
 FP8_TORCH_NAMES = ("float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2", "float8_e5m2fnuz")
 """The torch float8 dtypes hwplug's KV-cache kernels store (what ``fp8_dtype_name`` may be)."""
@@ -27,6 +32,7 @@ if TYPE_CHECKING:
     import torch
 
     from hwplug.core.config import EngineConfig, ModelConfig
+    from hwplug.core.distributed import DeviceCommunicator
     from hwplug.core.resolve import ChangeLog
 
 __all__ = [
@@ -56,12 +62,6 @@ class DeviceCapability(NamedTuple):
     def as_version_str(self) -> str:
         """``"8.9"`` for capability 8.9."""
         return f"{self.major}.{self.minor}"
-
-    def to_int(self) -> int:
-        """``89`` for capability 8.9; a minor version above 9 cannot be encoded."""
-        if not 0 <= self.minor <= 9:
-            raise ValueError(f"capability {self.as_version_str()} has no integer form")
-        return self.major * 10 + self.minor
 
     @classmethod
     def parse(cls, value: object) -> DeviceCapability:
@@ -230,8 +230,6 @@ class Platform:
     """Short platform name used by ``HWPLUG_PLATFORM`` and in messages."""
     device_type: ClassVar[str] = ""
     """torch device type (``torch.device(device_type)``)."""
-    dispatch_key: ClassVar[str] = "CPU"
-    """torch dispatch key for custom ops."""
     dist_backend: ClassVar[str] = ""
     """torch.distributed backend name."""
     priority: ClassVar[int] = 50
@@ -244,6 +242,10 @@ class Platform:
     """The :class:`~hwplug.core.distributed.DeviceCommunicator` subclass
     :meth:`device_communicator` returns; None: the default one (torch.distributed
     collectives on the group)."""
+    runtime_cls: ClassVar[type[DeviceRuntime]] = DeviceRuntime
+    """The :class:`~hwplug.core.runtime.DeviceRuntime` subclass :attr:`runtime` is built
+    from: the default drives ``torch.<device_type>``; a platform whose device is driven
+    otherwise (the host CPU, a vendor's runtime library) names its own."""
     vendor: ClassVar[str] = ""
     """Human-readable vendor name."""
 
@@ -411,40 +413,6 @@ class Platform:
         """Total memory of device ``i`` in bytes."""
         return self._device(i).total_memory
 
-    def get_current_memory_usage(self, i: int = 0) -> int:
-        """Bytes this process holds on device ``i``.
-
-        Simulated devices are idle: 0. On a real device the base asks
-        ``torch.<device_type>.memory_allocated`` (0 where torch has no such
-        module); built-in platforms ask their management library first, and the
-        CPU reports this process's resident memory.
-        """
-        self._device(i)
-        if self.simulated or self.device_type in ("", "cpu"):
-            return 0
-        try:
-            module = self._runtime_module("memory usage", "memory_allocated")
-        except RuntimeError:
-            return 0
-        return int(module.memory_allocated(i))
-
-    def peak_memory_usage(self, i: int = 0) -> int:
-        """The most bytes this process has held on device ``i`` since the last reset
-        (``torch.<device_type>.max_memory_allocated``): what a profile run needs,
-        activations included. The CPU, without a peak counter, reports the current
-        usage; simulated devices 0.
-        """
-        self._device(i)
-        if self.simulated:
-            return 0
-        if self.device_type in ("", "cpu"):
-            return self.get_current_memory_usage(i)
-        try:
-            module = self._runtime_module("peak memory usage", "max_memory_allocated")
-        except RuntimeError:
-            return self.get_current_memory_usage(i)
-        return int(module.max_memory_allocated(i))
-
     # -- KV cache ---------------------------------------------------------------
     def default_block_size(self, config: EngineConfig) -> int:
         """Block size filled in when ``cache.block_size`` is unset."""
@@ -540,8 +508,6 @@ class Platform:
         """
         problem = self.fp8_name_problem()
         if problem is not None:
-            from hwplug.core.errors import PluginError
-
             raise PluginError(problem)
         import torch
 
@@ -623,7 +589,6 @@ class Platform:
         wrapper = self.graph_wrapper_cls()
         if wrapper is None:
             return False
-        from hwplug.core.errors import PluginError
         from hwplug.core.graphs import GraphWrapper
 
         if not (isinstance(wrapper, type) and issubclass(wrapper, GraphWrapper)):
@@ -694,7 +659,7 @@ class Platform:
         )
         return source, "cache.gpu_memory_utilization (or set cache.kv_cache_memory_bytes)"
 
-    # -- distributed ---------------------------------------------------------------------
+    # -- device visibility ---------------------------------------------------------------
     def device_id_to_physical_device_id(self, device_id: int) -> int:
         """Map a logical device index to the physical one through the visibility variable."""
         var = self.device_control_env_var
@@ -714,40 +679,66 @@ class Platform:
             )
         return physical
 
-    def init_process_group(
-        self,
-        world_size: int,
-        rank: int,
-        init_method: str = "env://",
-        timeout: timedelta | float | None = None,
-    ) -> Any:
-        """Initialise ``torch.distributed`` with this platform's backend.
+    # ==================================================================================
+    # runtime services (SPEC 13, 14)
+    #
+    # What an engine calls while it runs lives in the platform's runtime object
+    # (:attr:`runtime`, of class :attr:`runtime_cls`); these methods hand over to it,
+    # so the names SPEC 13 and 14 give keep working on the platform.
+    # ==================================================================================
 
-        Returns the default process group. ``timeout`` is a ``timedelta`` or
-        seconds. Imports torch; does not pick a device.
+    @property
+    def runtime(self) -> DeviceRuntime:
+        """This instance's device runtime: built from :attr:`runtime_cls` on first use,
+        then the same object for the platform's life. Building it imports no torch.
+
+        :raises PluginError: :attr:`runtime_cls` is not a ``DeviceRuntime`` subclass.
         """
-        if not self.dist_backend:
-            raise RuntimeError(f"the {self.name} platform has no torch.distributed backend")
-        if world_size < 1 or not 0 <= rank < world_size:
-            raise ValueError(
-                f"rank must be in [0, world_size) and world_size >= 1; got rank={rank}, "
-                f"world_size={world_size}"
+        runtime = self.__dict__.get("_runtime")
+        if runtime is not None:
+            return runtime
+        cls = self.runtime_cls
+        if not (isinstance(cls, type) and issubclass(cls, DeviceRuntime)):
+            raise PluginError(
+                f"platform {self.name!r}: runtime_cls is {brief(cls)}, which is not a "
+                "subclass of hwplug.core.runtime.DeviceRuntime"
             )
-        import torch.distributed as dist
+        # setdefault: threads that race here all get the runtime stored first
+        return self.__dict__.setdefault("_runtime", cls(self))
 
-        kwargs: dict[str, Any] = {}
-        if timeout is not None:
-            kwargs["timeout"] = (
-                timeout if isinstance(timeout, timedelta) else timedelta(seconds=timeout)
-            )
-        dist.init_process_group(
-            backend=self.dist_backend,
-            init_method=init_method,
-            world_size=world_size,
-            rank=rank,
-            **kwargs,
-        )
-        return dist.group.WORLD
+    def torch_device(self, i: int = 0) -> torch.device:
+        """The torch device for device ``i`` (see :meth:`DeviceRuntime.torch_device`)."""
+        return self.runtime.torch_device(i)
+
+    def set_device(self, i: int) -> None:
+        """Make device ``i`` current (see :meth:`DeviceRuntime.set_device`)."""
+        self.runtime.set_device(i)
+
+    def synchronize(self) -> None:
+        """Wait for the current device (see :meth:`DeviceRuntime.synchronize`)."""
+        self.runtime.synchronize()
+
+    def empty_cache(self) -> None:
+        """Release cached device memory (see :meth:`DeviceRuntime.empty_cache`)."""
+        self.runtime.empty_cache()
+
+    def seed_everything(self, seed: int) -> None:
+        """Seed every generator (see :meth:`DeviceRuntime.seed_everything`)."""
+        self.runtime.seed_everything(seed)
+
+    def mem_get_info(self, i: int = 0) -> tuple[int, int]:
+        """``(free, total)`` bytes of device ``i`` (see :meth:`DeviceRuntime.mem_get_info`)."""
+        return self.runtime.mem_get_info(i)
+
+    def get_current_memory_usage(self, i: int = 0) -> int:
+        """Bytes this process holds on device ``i``
+        (see :meth:`DeviceRuntime.get_current_memory_usage`)."""
+        return self.runtime.get_current_memory_usage(i)
+
+    def peak_memory_usage(self, i: int = 0) -> int:
+        """The most bytes held on device ``i`` since the last reset
+        (see :meth:`DeviceRuntime.peak_memory_usage`)."""
+        return self.runtime.peak_memory_usage(i)
 
     def init_distributed(
         self,
@@ -758,203 +749,16 @@ class Platform:
         init_method: str = "env://",
         timeout: timedelta = timedelta(minutes=10),
     ) -> Any:
-        """Bind this rank to its device and join the default process group (SPEC 14).
-
-        ``set_device(local_rank)`` (``local_rank`` defaults to ``rank``; a no-op
-        on the CPU), then ``torch.distributed`` with this platform's
-        :attr:`dist_backend` over ``init_method`` (``env://`` reads
-        ``MASTER_ADDR`` and ``MASTER_PORT``; ``tcp://host:port`` names them).
-        Called again with the same arguments it returns the same group.
-
-        :raises ValueError: a rank outside ``[0, world_size)``, or a bad argument.
-        :raises RuntimeError: the platform is simulated or has no collective
-            backend, or the process already joined with other arguments (both
-            are named).
-        """
-        from hwplug.core import distributed
-
-        for name, value in (("rank", rank), ("world_size", world_size)):
-            if isinstance(value, bool) or not isinstance(value, int):
-                raise ValueError(f"{name} must be an integer, got {value!r}")
-        if world_size < 1 or not 0 <= rank < world_size:
-            raise ValueError(
-                f"rank must be in [0, world_size) and world_size >= 1; got rank={rank}, "
-                f"world_size={world_size}"
-            )
-        local = rank if local_rank is None else local_rank
-        if isinstance(local, bool) or not isinstance(local, int) or local < 0:
-            raise ValueError(f"local_rank must be a non-negative integer, got {local_rank!r}")
-        if not isinstance(init_method, str) or not init_method:
-            raise ValueError(f"init_method must be a URL such as 'env://', got {init_method!r}")
-        if not isinstance(timeout, timedelta) or timeout <= timedelta(0):
-            raise ValueError(f"timeout must be a positive datetime.timedelta, got {timeout!r}")
-        self._require_real_device("init_distributed()")
-        if not self.dist_backend:
-            raise RuntimeError(
-                f"the {self.name} platform names no torch.distributed backend (dist_backend); "
-                "it cannot join a process group"
-            )
-        if self.device_type != "cpu":  # ranks on one host share its CPUs
-            self.set_device(local)
-        setup = distributed.DistributedSetup(
-            self.dist_backend, rank, world_size, local, init_method, timeout
+        """Bind this rank's device and join the default process group
+        (see :meth:`DeviceRuntime.init_distributed`)."""
+        return self.runtime.init_distributed(
+            rank, world_size, local_rank=local_rank, init_method=init_method, timeout=timeout
         )
-        return distributed.init_process_group(setup)
 
     def destroy_distributed(self) -> None:
-        """Leave and destroy the default process group (nothing when there is none)."""
-        from hwplug.core import distributed
+        """Leave the default process group (see :meth:`DeviceRuntime.destroy_distributed`)."""
+        self.runtime.destroy_distributed()
 
-        distributed.destroy_process_group()
-
-    def device_communicator(self, group: Any = None) -> Any:
-        """The collectives of ``group`` (None: the default process group, or this
-        process alone when ``torch.distributed`` is not initialised): an instance of
-        :attr:`communicator_cls`, by default
-        :class:`~hwplug.core.distributed.DeviceCommunicator`.
-
-        :raises PluginError: :attr:`communicator_cls` is not a ``DeviceCommunicator``
-            subclass.
-        """
-        from hwplug.core.distributed import DeviceCommunicator
-
-        cls = self.communicator_cls or DeviceCommunicator
-        if not (isinstance(cls, type) and issubclass(cls, DeviceCommunicator)):
-            from hwplug.core.errors import PluginError
-
-            raise PluginError(
-                f"platform {self.name!r}: communicator_cls is {brief(cls)}, which is not a "
-                "subclass of hwplug.core.distributed.DeviceCommunicator"
-            )
-        return cls(group)
-
-    # ==================================================================================
-    # runtime services
-    #
-    # What an engine calls while it runs. Generic by ``device_type``: the base drives
-    # torch's module of that name (``torch.cuda``, ``torch.xpu``, ``torch.hpu`` once
-    # its stack is imported, a vendor's own ``torch.<type>``); the CPU needs no device
-    # calls. On a simulated platform the methods that would touch a device raise
-    # ``RuntimeError``; ``torch_device`` and ``seed_everything`` touch none and work
-    # everywhere (an engine may run a simulated platform's configuration on CPU
-    # tensors). Every method imports torch lazily.
-    # ==================================================================================
-
-    def _require_real_device(self, what: str) -> None:
-        if self.simulated:
-            raise RuntimeError(
-                f"{what} needs a real device, but the {self.name} platform is simulated "
-                f"(profile {self.profile!r}: there is no device to call). Run on a machine "
-                f"with the device and without HWPLUG_SIMULATE (or use_platform) selecting a "
-                "profile; to test on CPU, run the configuration on CPU tensors instead"
-            )
-
-    def _device_index(self, i: int) -> int:
-        if isinstance(i, bool) or not isinstance(i, int):
-            raise ValueError(f"device index must be an integer, got {i!r}")
-        if self.devices:
-            self._device(i)
-        elif i < 0:
-            raise IndexError(f"device index must be >= 0, got {i}")
-        return i
-
-    def _runtime_module(self, what: str, attribute: str) -> Any:
-        """``torch.<device_type>``, checked to provide ``attribute``."""
-        import torch
-
-        module = getattr(torch, self.device_type, None) if self.device_type else None
-        if module is None or not callable(getattr(module, attribute, None)):
-            raise RuntimeError(
-                f"{what} on the {self.name} platform needs torch.{self.device_type or '?'}"
-                f".{attribute}, which this torch build lacks; install the torch build (or the "
-                f"vendor extension) for {self.vendor or self.name} devices"
-            )
-        return module
-
-    def torch_device(self, i: int = 0) -> torch.device:
-        """The torch device for device ``i`` (``cpu`` on the CPU; never initialises it).
-
-        Works on a simulated platform too: it names the device the platform would
-        use, and tensors placed on it fail where the device is absent.
-        """
-        import torch
-
-        index = self._device_index(i)
-        if self.device_type == "cpu":
-            return torch.device("cpu")
-        return torch.device(self.device_type, index)
-
-    def set_device(self, i: int) -> None:
-        """Make device ``i`` this thread's current device (a no-op on the CPU).
-
-        :raises RuntimeError: the platform is simulated, or torch has no runtime
-            for its device type.
-        """
-        index = self._device_index(i)
-        self._require_real_device("set_device()")
-        if self.device_type == "cpu":
-            return
-        self._runtime_module("set_device()", "set_device").set_device(index)
-
-    def synchronize(self) -> None:
-        """Wait for the work queued on the current device (a no-op on the CPU).
-
-        :raises RuntimeError: the platform is simulated, or torch has no runtime
-            for its device type.
-        """
-        self._require_real_device("synchronize()")
-        if self.device_type == "cpu":
-            return
-        self._runtime_module("synchronize()", "synchronize").synchronize()
-
-    def empty_cache(self) -> None:
-        """Return the allocator's cached, unused device memory (a no-op on the CPU).
-
-        :raises RuntimeError: the platform is simulated, or torch has no runtime
-            for its device type.
-        """
-        self._require_real_device("empty_cache()")
-        if self.device_type == "cpu":
-            return
-        self._runtime_module("empty_cache()", "empty_cache").empty_cache()
-
-    def seed_everything(self, seed: int) -> None:
-        """Seed Python's ``random``, NumPy (when installed) and torch on every device.
-
-        Touches no device (torch seeds device generators lazily), so it works
-        on a simulated platform.
-
-        :raises ValueError: ``seed`` is not a non-negative integer.
-        """
-        if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
-            raise ValueError(f"seed must be a non-negative integer, got {seed!r}")
-        import random
-
-        import torch
-
-        random.seed(seed)
-        try:
-            import numpy
-        except ImportError:
-            pass
-        else:
-            numpy.random.seed(seed % (1 << 32))
-        torch.manual_seed(seed)
-
-    def mem_get_info(self, i: int = 0) -> tuple[int, int]:
-        """``(free, total)`` bytes of device ``i``; on the CPU, the host's available
-        and total memory.
-
-        :raises RuntimeError: the platform is simulated, or torch has no memory
-            query for its device type.
-        """
-        index = self._device_index(i)
-        self._require_real_device("mem_get_info()")
-        if self.device_type == "cpu":
-            import psutil
-
-            memory = psutil.virtual_memory()
-            return int(memory.available), int(memory.total)
-        module = self._runtime_module("mem_get_info()", "mem_get_info")
-        free, total = module.mem_get_info(index)
-        return int(free), int(total)
+    def device_communicator(self, group: Any = None) -> DeviceCommunicator:
+        """The collectives of ``group`` (see :meth:`DeviceRuntime.device_communicator`)."""
+        return self.runtime.device_communicator(group)

@@ -22,6 +22,8 @@ from hwplug.attention import AttentionBackend, TorchAttentionBackend
 from hwplug.core.errors import ConfigError
 from hwplug.core.graphs import AttentionGraphSupport
 from hwplug.core.platform import DeviceInfo, Platform
+from hwplug.platforms.cpu import CpuRuntime
+from hwplug.platforms.vendor import VendorPlatform
 
 if TYPE_CHECKING:
     from hwplug.core.config import EngineConfig
@@ -52,17 +54,22 @@ class AcmeAttentionBackend(TorchAttentionBackend):
     device_types = ("cpu",)
 
 
-class NpuPlatform(Platform):
-    """ACME NPU: 32-token blocks, an fp8 (e4m3) cache on N2 and later, whole-model graphs."""
+class NpuPlatform(VendorPlatform):
+    """ACME NPU: 32-token blocks, an fp8 (e4m3) cache on N2 and later, whole-model graphs.
+
+    It builds on hwplug's public platform base (:class:`~hwplug.platforms.vendor.VendorPlatform`:
+    profiles from a table, dtype messages that name what works) and, since this demo's
+    NPU computes with host tensors, runs its device services on the host runtime.
+    """
 
     name = "npu"
     device_type = "cpu"  # ACME's runtime exposes the NPU through CPU tensors in this demo
-    dispatch_key = "PrivateUse1"
     dist_backend = "gloo"
     priority = 60
     ray_device_key = "NPU"
     device_control_env_var = "ACME_NPU_VISIBLE_DEVICES"
     communicator_cls = AcmeCommunicator  # ACME's own collectives (see communicator.py)
+    runtime_cls = CpuRuntime  # a real NPU names a DeviceRuntime subclass driving its runtime
     vendor = "ACME"
 
     block_sizes: ClassVar[tuple[int, ...]] = (32, 64)
@@ -72,6 +79,7 @@ class NpuPlatform(Platform):
     fp8_dtype_name = "float8_e4m3fn"
     default_compilation_level = 2
     representative_profile = "acme-n2"
+    profile_table = _PROFILES
     custom_op_forward = "forward_oot"
     attention_order: ClassVar[tuple[str, ...]] = ("acme", "torch")
     supports_device_graphs = True
@@ -89,19 +97,10 @@ class NpuPlatform(Platform):
             raise RuntimeError(f"ACME_NPU_ARCH={arch!r} is not an ACME NPU generation (n1, n2)")
         return [device for part in raw.split(",") if part.strip()]
 
-    @classmethod
-    def profiles(cls) -> dict[str, DeviceInfo]:
-        return dict(_PROFILES)
-
-    def cache_dtype_problem(self, cache_dtype: str, config: EngineConfig | None) -> str | None:
-        if cache_dtype.startswith("fp8") and cache_dtype in self.cache_dtypes:
-            if not self.has_feature("fp8"):
-                return (
-                    f"cache.cache_dtype={cache_dtype!r} needs an ACME N2 or later; "
-                    f"{self.describe_device()} stores auto or bfloat16"
-                )
-            return None
-        return super().cache_dtype_problem(cache_dtype, config)
+    def device_cache_dtype_problem(self, cache_dtype: str) -> str | None:
+        if cache_dtype.startswith("fp8") and not self.has_feature("fp8"):
+            return "fp8 KV caches need an ACME N2 or later"
+        return None
 
     def check_and_update_config(self, config: EngineConfig, changes: ChangeLog) -> None:
         super().check_and_update_config(config, changes)

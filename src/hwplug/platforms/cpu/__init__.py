@@ -1,8 +1,8 @@
 """The host CPU: the built-in ``cpu`` platform plugin.
 
 This folder holds everything hwplug knows about it: ``platform.py`` (the
-rules), ``probe.py`` (torch-free detection), ``profiles.py`` (simulated
-devices). The ``hwplug.platforms`` entry point
+rules), ``runtime.py`` (the device services), ``probe.py`` (torch-free
+detection), ``profiles.py`` (simulated devices). The ``hwplug.platforms`` entry point
 ``cpu`` names this package.
 """
 
@@ -14,9 +14,11 @@ from hwplug.platforms.cpu.platform import (
     CpuPlatform,
     hwplug_platforms,
 )
+from hwplug.platforms.cpu.runtime import CpuRuntime
 
 __all__ = [
     "CpuPlatform",
+    "CpuRuntime",
     "KVCACHE_SPACE_ENV",
     "MIN_KVCACHE_SPACE",
     "hwplug_platforms",

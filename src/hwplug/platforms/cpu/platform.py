@@ -15,13 +15,14 @@ from typing import TYPE_CHECKING, ClassVar
 from hwplug.core.errors import ConfigError, brief
 from hwplug.core.hookspecs import hookimpl
 from hwplug.core.platform import MAX_MEMORY, DeviceInfo, GiB, Platform, canonical_dtype
-from hwplug.platforms.builtin import (
-    BuiltinPlatform,
+from hwplug.platforms.cpu.profiles import PROFILES
+from hwplug.platforms.cpu.runtime import CpuRuntime
+from hwplug.platforms.vendor import (
+    VendorPlatform,
     fill_unset,
     is_fp8_cache,
     model_dtype_message,
 )
-from hwplug.platforms.cpu.profiles import PROFILES
 
 if TYPE_CHECKING:
     from hwplug.core.config import EngineConfig, ModelConfig
@@ -35,17 +36,17 @@ MIN_KVCACHE_SPACE = 1 << 20
 """The smallest KV-cache space ``HWPLUG_CPU_KVCACHE_SPACE`` may give, in bytes (1 MiB)."""
 
 
-class CpuPlatform(BuiltinPlatform):
+class CpuPlatform(VendorPlatform):
     """The host CPU (gloo, ``CPU_VISIBLE_MEMORY_NODES``); IPEX unlocks more."""
 
     name = "cpu"
     device_type = "cpu"
-    dispatch_key = "CPU"
     dist_backend = "gloo"
     priority = 0
     ray_device_key = ""
     device_control_env_var = "CPU_VISIBLE_MEMORY_NODES"
     vendor = "any"
+    runtime_cls = CpuRuntime
 
     ipex_feature: ClassVar[str] = "ipex"
     """Device feature flag meaning intel_extension_for_pytorch is importable."""
@@ -109,7 +110,7 @@ class CpuPlatform(BuiltinPlatform):
         """16, 32, 64, 128 with IPEX; only 16 without."""
         return self.ipex_block_sizes if self.has_ipex() else self.block_sizes
 
-    def _device_cache_dtype_problem(self, cache_dtype: str) -> str | None:
+    def device_cache_dtype_problem(self, cache_dtype: str) -> str | None:
         if cache_dtype == "fp8_e4m3":
             return f"the CPU stores fp8 KV caches only as {self.fp8_format}" + (
                 "" if self.has_ipex() else ", and only with intel_extension_for_pytorch"
@@ -175,19 +176,7 @@ class CpuPlatform(BuiltinPlatform):
             )
         return super().model_dtype_problem(dtype, config)
 
-    # -- memory ---------------------------------------------------------------------
-    def get_current_memory_usage(self, i: int = 0) -> int:
-        """This process's resident memory in bytes (psutil; never 0 on the real host).
-
-        A simulated CPU profile is idle, like every simulated device: 0.
-        """
-        if self.simulated:
-            return super().get_current_memory_usage(i)
-        self._device(i)
-        import psutil
-
-        return max(1, int(psutil.Process().memory_info().rss))
-
+    # -- KV-cache space ----------------------------------------------------------------
     def kvcache_space_bytes(self) -> tuple[int, str]:
         """Bytes for the KV cache from ``HWPLUG_CPU_KVCACHE_SPACE`` (GiB), default 4 GiB.
 

@@ -13,9 +13,9 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from hwplug.core.hookspecs import hookimpl
 from hwplug.core.platform import DeviceCapability, DeviceInfo, Platform
-from hwplug.platforms.builtin import BuiltinPlatform, DeviceQuery
 from hwplug.platforms.cuda.profiles import PROFILES
 from hwplug.platforms.sysfs import NVML, library_text
+from hwplug.platforms.vendor import DeviceQuery, VendorPlatform
 
 if TYPE_CHECKING:
     from hwplug.core.config import EngineConfig, ModelConfig
@@ -24,12 +24,11 @@ if TYPE_CHECKING:
 __all__ = ["CudaPlatform", "hwplug_platforms"]
 
 
-class CudaPlatform(BuiltinPlatform):
+class CudaPlatform(VendorPlatform):
     """NVIDIA GPUs (CUDA graphs, NCCL, ``CUDA_VISIBLE_DEVICES``)."""
 
     name = "cuda"
     device_type = "cuda"
-    dispatch_key = "CUDA"
     dist_backend = "nccl"
     priority = 10
     ray_device_key = "GPU"
@@ -102,7 +101,7 @@ class CudaPlatform(BuiltinPlatform):
         ),
     }
 
-    def _library_target(self, i: int) -> int | str:
+    def library_target(self, i: int) -> int | str:
         """The NVML index of logical device ``i``, or the UUID the visibility variable gives."""
         try:
             return self.device_id_to_physical_device_id(i)
@@ -110,7 +109,7 @@ class CudaPlatform(BuiltinPlatform):
             entries = os.environ.get(self.device_control_env_var, "").split(",")
             return entries[i].strip()
 
-    def _library_handle(self, library: Any, target: Any) -> Any:
+    def library_handle(self, library: Any, target: Any) -> Any:
         if isinstance(target, int):
             return library.nvmlDeviceGetHandleByIndex(target)
         return library.nvmlDeviceGetHandleByUUID(target)
@@ -132,7 +131,7 @@ class CudaPlatform(BuiltinPlatform):
             return self.mla_block_sizes
         return self.block_sizes
 
-    def _device_cache_dtype_problem(self, cache_dtype: str) -> str | None:
+    def device_cache_dtype_problem(self, cache_dtype: str) -> str | None:
         need = self.cache_dtype_min_capability.get(cache_dtype)
         cap = self._capability()
         if need is None or cap is None or cap >= need:
@@ -152,7 +151,7 @@ class CudaPlatform(BuiltinPlatform):
         super().check_and_update_config(config, changes)
 
     # -- model dtypes -----------------------------------------------------------------
-    def _bf16_problem(self) -> str | None:
+    def bf16_problem(self) -> str | None:
         cap = self._capability()
         if cap is None or cap >= self.bf16_min_capability:
             return None

@@ -13,13 +13,13 @@ from typing import TYPE_CHECKING, ClassVar
 from hwplug.core.errors import ConfigError
 from hwplug.core.hookspecs import hookimpl
 from hwplug.core.platform import DeviceInfo, Platform
-from hwplug.platforms.builtin import (
-    BuiltinPlatform,
+from hwplug.platforms.hpu.profiles import PROFILES
+from hwplug.platforms.vendor import (
+    VendorPlatform,
     fill_unset,
     is_fp8_cache,
     model_dtype_message,
 )
-from hwplug.platforms.hpu.profiles import PROFILES
 
 if TYPE_CHECKING:
     from hwplug.core.config import EngineConfig
@@ -28,12 +28,11 @@ if TYPE_CHECKING:
 __all__ = ["HpuPlatform", "hwplug_platforms"]
 
 
-class HpuPlatform(BuiltinPlatform):
+class HpuPlatform(VendorPlatform):
     """Intel Gaudi (HPU graphs, HCCL, ``HABANA_VISIBLE_MODULES``)."""
 
     name = "hpu"
     device_type = "hpu"
-    dispatch_key = "HPU"
     dist_backend = "hccl"
     priority = 10
     ray_device_key = "HPU"
@@ -76,7 +75,7 @@ class HpuPlatform(BuiltinPlatform):
         return list(probe_habana())
 
     # -- KV cache ------------------------------------------------------------------
-    def _device_cache_dtype_problem(self, cache_dtype: str) -> str | None:
+    def device_cache_dtype_problem(self, cache_dtype: str) -> str | None:
         if cache_dtype == "fp8_inc":
             if self.devices and not self.has_feature(self.fp8_feature):
                 return "fp8_inc needs Gaudi2 or later (this is a first-generation Gaudi)"

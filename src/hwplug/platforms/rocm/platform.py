@@ -12,10 +12,10 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from hwplug.core.hookspecs import hookimpl
 from hwplug.core.platform import DeviceCapability, DeviceInfo, Platform
-from hwplug.platforms.builtin import BuiltinPlatform, DeviceQuery
 from hwplug.platforms.rocm.gfx import gfx_arch_name, gfx_capability, gfx_version
 from hwplug.platforms.rocm.profiles import PROFILES
 from hwplug.platforms.sysfs import AMDSMI
+from hwplug.platforms.vendor import DeviceQuery, VendorPlatform
 
 if TYPE_CHECKING:
     from hwplug.core.config import ModelConfig
@@ -23,12 +23,11 @@ if TYPE_CHECKING:
 __all__ = ["RocmPlatform", "hwplug_platforms"]
 
 
-class RocmPlatform(BuiltinPlatform):
+class RocmPlatform(VendorPlatform):
     """AMD Instinct and Radeon GPUs (HIP graphs, RCCL, ``HIP_VISIBLE_DEVICES``)."""
 
     name = "rocm"
     device_type = "cuda"
-    dispatch_key = "CUDA"
     dist_backend = "nccl"
     priority = 10
     ray_device_key = "GPU"
@@ -133,7 +132,7 @@ class RocmPlatform(BuiltinPlatform):
         ),
     }
 
-    def _library_handle(self, library: Any, target: Any) -> Any:
+    def library_handle(self, library: Any, target: Any) -> Any:
         """amdsmi's handle of the device at physical index ``target``."""
         return library.amdsmi_get_processor_handles()[target]
 
@@ -154,7 +153,7 @@ class RocmPlatform(BuiltinPlatform):
             return self.mla_block_sizes
         return self.block_sizes
 
-    def _device_cache_dtype_problem(self, cache_dtype: str) -> str | None:
+    def device_cache_dtype_problem(self, cache_dtype: str) -> str | None:
         if cache_dtype == "fp8_e5m2":
             return (
                 f"ROCm stores fp8 KV caches only as {self.fp8_format}, "
@@ -171,7 +170,7 @@ class RocmPlatform(BuiltinPlatform):
         return None
 
     # -- model dtypes -----------------------------------------------------------------
-    def _bf16_problem(self) -> str | None:
+    def bf16_problem(self) -> str | None:
         if self._has_bf16():
             return None
         return f"bfloat16 needs gfx90a or later, this GPU is {self.device_arch(0)}"

@@ -15,7 +15,7 @@ from hwplug.core.errors import ConfigError
 from hwplug.core.hookspecs import hookimpl
 from hwplug.core.platform import DeviceInfo, Platform
 from hwplug.core.versions import torch_version
-from hwplug.platforms.builtin import BuiltinPlatform
+from hwplug.platforms.vendor import VendorPlatform
 from hwplug.platforms.xpu.profiles import PROFILES
 
 if TYPE_CHECKING:
@@ -34,12 +34,11 @@ def xpu_dist_backend() -> str:
     return "xccl" if version is not None and version >= (2, 8) else "ccl"
 
 
-class XpuPlatform(BuiltinPlatform):
+class XpuPlatform(VendorPlatform):
     """Intel discrete GPUs (xccl/ccl, ``ZE_AFFINITY_MASK``)."""
 
     name = "xpu"
     device_type = "xpu"
-    dispatch_key = "XPU"
     dist_backend = xpu_dist_backend()
     priority = 10
     ray_device_key = "GPU"
@@ -93,7 +92,7 @@ class XpuPlatform(BuiltinPlatform):
         return not (self.devices and self.no_bf16_names.search(self.devices[0].name))
 
     # -- KV cache ------------------------------------------------------------------
-    def _device_cache_dtype_problem(self, cache_dtype: str) -> str | None:
+    def device_cache_dtype_problem(self, cache_dtype: str) -> str | None:
         if cache_dtype == "fp8_e4m3":
             return f"Intel GPUs store fp8 KV caches only as {self.fp8_format}"
         if cache_dtype == "bfloat16" and not self._has_bf16():
@@ -101,7 +100,7 @@ class XpuPlatform(BuiltinPlatform):
         return None
 
     # -- model dtypes -----------------------------------------------------------------
-    def _bf16_problem(self) -> str | None:
+    def bf16_problem(self) -> str | None:
         return None if self._has_bf16() else "Arc A-series GPUs have no bfloat16"
 
     # -- configuration ----------------------------------------------------------------

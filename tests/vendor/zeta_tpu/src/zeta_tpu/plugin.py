@@ -16,6 +16,7 @@ import hwplug
 from hwplug.attention import AttentionBackend, TorchAttentionBackend
 from hwplug.core.graphs import AttentionGraphSupport, BatchDescriptor, GraphBackend, GraphWrapper
 from hwplug.core.platform import DeviceInfo, Platform
+from hwplug.platforms.cpu import CpuRuntime
 
 GiB = 1 << 30
 
@@ -76,6 +77,7 @@ class ZetaPlatform(Platform):
     ray_device_key = "TPU"
     device_control_env_var = "ZETA_TPU_VISIBLE_DEVICES"
     vendor = "Zeta"
+    runtime_cls = CpuRuntime  # the invented device computes with host tensors
 
     block_sizes: ClassVar[tuple[int, ...]] = (16, 64, 128)
     default_block = 64

@@ -1,11 +1,13 @@
-"""The shared base of the built-in platforms, and helpers their rules share.
+"""The public base of hardware platforms, built-in or a vendor's own.
 
-:class:`BuiltinPlatform` adds to :class:`~hwplug.core.platform.Platform` what
-every built-in platform needs: profiles from its own folder, live device
-queries on real hardware described as a table (:class:`DeviceQuery`: ask the
-vendor library, then what detection found, then ``torch.cuda``), the MLA
-rules of platforms without chunked MLA prefill, and error messages for cache
-and model dtypes that always name the exact value that would work.
+:class:`VendorPlatform` adds to :class:`~hwplug.core.platform.Platform` what
+the built-in platforms share and any vendor's platform may use: profiles from a
+table, live device queries on real hardware described as a table
+(:class:`DeviceQuery`: ask the vendor management library, then what detection
+found, then ``torch.cuda``), the MLA rules of platforms without chunked MLA
+prefill, and error messages for cache and model dtypes that always name the
+exact value that would work. :class:`VendorRuntime` is its device runtime:
+the base one, with memory usage asked from the device-query table first.
 
 Nothing here imports torch at import time.
 """
@@ -20,6 +22,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 from hwplug.core.dtypes import CACHE_DTYPE_FORMATS, canonical_dtype, is_fp8_cache
 from hwplug.core.errors import ConfigError
 from hwplug.core.platform import DeviceCapability, DeviceInfo, Platform
+from hwplug.core.runtime import DeviceRuntime
 from hwplug.platforms.sysfs import Library, query_library
 
 if TYPE_CHECKING:
@@ -27,8 +30,9 @@ if TYPE_CHECKING:
     from hwplug.core.resolve import ChangeLog
 
 __all__ = [
-    "BuiltinPlatform",
     "DeviceQuery",
+    "VendorPlatform",
+    "VendorRuntime",
     "cache_dtype_message",
     "cache_dtype_problem_for",
     "fill_unset",
@@ -146,7 +150,7 @@ def torch_cuda_query(what: str, query: Callable[[Any], T]) -> T | None:
 
 @dataclasses.dataclass(frozen=True)
 class DeviceQuery:
-    """How a built-in platform answers one question about a real device.
+    """How a :class:`VendorPlatform` answers one question about a real device.
 
     Sources are tried in order: ``vendor(library, handle)`` through the
     platform's management library (no device runtime), ``detected(device)``
@@ -161,15 +165,40 @@ class DeviceQuery:
     cached: bool = True
 
 
-class BuiltinPlatform(Platform):
-    """What the built-in platforms share beyond :class:`Platform`.
+class VendorRuntime(DeviceRuntime):
+    """The device runtime of a :class:`VendorPlatform`: the base services, with the
+    memory in use asked from the platform's device-query table (``memory usage``:
+    the vendor library, then ``torch.cuda``) where it has that question."""
 
-    A subclass sets :attr:`profile_table` (its folder's profiles), and for
+    platform: VendorPlatform
+
+    def __init__(self, platform: VendorPlatform) -> None:
+        super().__init__(platform)
+
+    def get_current_memory_usage(self, i: int = 0) -> int:
+        """Bytes in use on device ``i`` (the device-query table; never cached).
+
+        Simulated devices are idle (0).
+        """
+        plat = self.platform
+        if plat.simulated or "memory usage" not in plat.device_queries:
+            return super().get_current_memory_usage(i)
+        used = plat.query_device("memory usage", i)
+        return int(used) if used is not None else 0
+
+
+class VendorPlatform(Platform):
+    """What the built-in platforms share beyond :class:`Platform`, for any vendor.
+
+    A subclass sets :attr:`profile_table` (its simulated devices), and for
     real devices :attr:`library` and :attr:`device_queries`; it says why its
-    device cannot store a cache dtype (:meth:`_device_cache_dtype_problem`)
-    or run bfloat16 models (:meth:`_bf16_problem`), and the messages, the
-    supported lists and the suggestions are built here once.
+    device cannot store a cache dtype (:meth:`device_cache_dtype_problem`)
+    or run bfloat16 models (:meth:`bf16_problem`), and the messages, the
+    supported lists and the suggestions are built here once. Its runtime is a
+    :class:`VendorRuntime` unless it names another in ``runtime_cls``.
     """
+
+    runtime_cls: ClassVar[type[DeviceRuntime]] = VendorRuntime
 
     profile_table: ClassVar[Mapping[str, DeviceInfo]] = {}
     """Simulated profiles of this platform, by name."""
@@ -179,31 +208,25 @@ class BuiltinPlatform(Platform):
     """How to answer ``capability``, ``name``, ``memory``, ``memory usage`` (and
     platform-specific questions) on real hardware."""
 
-    def __init__(
-        self,
-        devices: Iterable[DeviceInfo] = (),
-        *,
-        simulated: bool = False,
-        profile: str | None = None,
-    ) -> None:
-        super().__init__(devices, simulated=simulated, profile=profile)
-        self._answers: dict[tuple[str, int], Any] = {}
-
     @classmethod
     def profiles(cls) -> dict[str, DeviceInfo]:
         return dict(cls.profile_table)
 
     # -- device queries on real hardware ---------------------------------------------
-    def _library_target(self, i: int) -> Any:
+    def library_target(self, i: int) -> Any:
         """What the library knows logical device ``i`` by: its physical index.
 
         :raises IndexError: the visibility variable does not list device ``i``.
         """
         return self.device_id_to_physical_device_id(i)
 
-    def _library_handle(self, library: Any, target: Any) -> Any:
-        """The library's handle of the device ``target`` names (NVML and amdsmi differ)."""
-        raise NotImplementedError
+    def library_handle(self, library: Any, target: Any) -> Any:
+        """The library's handle of the device ``target`` names (NVML and amdsmi differ):
+        a platform that sets :attr:`library` implements it."""
+        raise NotImplementedError(
+            f"platform {self.name!r} sets library={self.library!r} but does not implement "
+            "library_handle()"
+        )
 
     def query_device(self, what: str, i: int = 0) -> Any:
         """Answer ``what`` about real device ``i`` from :attr:`device_queries`; None
@@ -211,17 +234,19 @@ class BuiltinPlatform(Platform):
         query = self.device_queries.get(what)
         if self.simulated or query is None:
             return None
+        # answers are kept per instance, made on first use
+        answers: dict[tuple[str, int], Any] = self.__dict__.setdefault("_answers", {})
         key = (what, i)
-        if query.cached and key in self._answers:
-            return self._answers[key]
+        if query.cached and key in answers:
+            return answers[key]
         value = None
         if query.vendor is not None and self.library is not None:
             ask = query.vendor
-            target = self._library_target(i)
+            target = self.library_target(i)
             value = query_library(
                 self.library,
                 f"{what} of device {target}",
-                lambda lib: ask(lib, self._library_handle(lib, target)),
+                lambda lib: ask(lib, self.library_handle(lib, target)),
                 quiet=True,
             )
         if not value and query.detected is not None and 0 <= i < len(self.devices):
@@ -231,7 +256,7 @@ class BuiltinPlatform(Platform):
             value = torch_cuda_query(what, lambda tc: ask_torch(tc, i))
         value = value or None
         if value is not None and query.cached:
-            self._answers[key] = value
+            answers[key] = value
         return value
 
     def get_device_capability(self, i: int = 0) -> DeviceCapability | None:
@@ -257,16 +282,6 @@ class BuiltinPlatform(Platform):
             return super().get_device_total_memory(i)
         total = self.query_device("memory", i)
         return int(total) if total is not None else 0
-
-    def get_current_memory_usage(self, i: int = 0) -> int:
-        """Bytes in use on device ``i`` (the device-query table; never cached).
-
-        Simulated devices are idle (0).
-        """
-        if self.simulated or "memory usage" not in self.device_queries:
-            return super().get_current_memory_usage(i)
-        used = self.query_device("memory usage", i)
-        return int(used) if used is not None else 0
 
     mla_without_chunked_prefill: ClassVar[bool] = False
     """Whether MLA models run here without chunked prefill (the CPU and XPU MLA kernels):
@@ -299,25 +314,25 @@ class BuiltinPlatform(Platform):
             f"MLA without chunked prefill on {self.name}: a step holds a whole prompt",
         )
 
-    def _device_cache_dtype_problem(self, cache_dtype: str) -> str | None:
+    def device_cache_dtype_problem(self, cache_dtype: str) -> str | None:
         """Why this device cannot store ``cache_dtype`` (None: nothing specific)."""
         return None
 
     def cache_dtype_problem(self, cache_dtype: str, config: EngineConfig | None) -> str | None:
-        return cache_dtype_problem_for(self, cache_dtype, self._device_cache_dtype_problem)
+        return cache_dtype_problem_for(self, cache_dtype, self.device_cache_dtype_problem)
 
-    def _bf16_problem(self) -> str | None:
+    def bf16_problem(self) -> str | None:
         """Why this device cannot run bfloat16 models (None: it can)."""
         return None
 
     def supported_model_dtypes(self) -> tuple[str, ...]:
-        if self._bf16_problem() is None:
+        if self.bf16_problem() is None:
             return self.model_dtypes
         return tuple(d for d in self.model_dtypes if d != "bfloat16")
 
     def model_dtype_problem(self, dtype: str, config: EngineConfig | None) -> str | None:
         if canonical_dtype(dtype) == "bfloat16":
-            why = self._bf16_problem()
+            why = self.bf16_problem()
             if why is not None:
                 return model_dtype_message(self, dtype, why, ["float16"])
         return super().model_dtype_problem(dtype, config)
