@@ -122,3 +122,10 @@ def test_a_host_tensor_vendor_device_runs_on_the_cpu_runtime() -> None:
     free, total = plat.mem_get_info()
     assert 0 < free <= total
     assert plat.get_current_memory_usage() > 0
+
+
+def test_the_old_module_of_the_shared_base_still_imports() -> None:
+    from hwplug.platforms import builtin, vendor
+
+    assert builtin.BuiltinPlatform is vendor.VendorPlatform
+    assert builtin.VendorRuntime is vendor.VendorRuntime
