@@ -130,6 +130,33 @@ def test_in_place_mutation_in_a_hook_is_caught_too(registered) -> None:
         hwplug.resolve(platform="h100")
 
 
+def test_in_place_mutation_of_a_nested_section_is_caught(registered) -> None:
+    class Nested:
+        @hwplug.hookimpl
+        def hwplug_check_and_update_config(self, config: EngineConfig) -> None:
+            config.compilation.pass_config.dump_graph_stages.append("after_split")
+
+    registered(Nested(), "nested")
+    with pytest.raises(hwplug.PluginError, match=r"'nested'.*compilation\.pass_config"):
+        hwplug.resolve(platform="h100")
+
+
+def test_resolving_the_default_config_twice_shares_nothing_mutable(registered) -> None:
+    class Mutates:
+        @hwplug.hookimpl
+        def hwplug_check_and_update_config(self, config: EngineConfig, changes) -> None:
+            changes.record("compilation.custom_ops", ["+rms_norm"], "test")
+
+    first = hwplug.resolve(platform="h100")
+    first.config.compilation.custom_ops.append("+silu_and_mul")
+    first.config.compilation.inductor_compile_config["poisoned"] = True
+    registered(Mutates(), "mutates")
+    second = hwplug.resolve(platform="h100")
+    assert second.config.compilation.custom_ops == ["+rms_norm"]
+    assert "poisoned" not in second.config.compilation.inductor_compile_config
+    assert second.config == hwplug.resolve(EngineConfig(), platform="h100").config
+
+
 def test_a_verify_hook_that_changes_the_config_is_a_plugin_error(registered) -> None:
     class Fixer:
         @hwplug.hookimpl

@@ -35,7 +35,10 @@ import enum
 import functools
 import json
 import logging
+import pathlib
 import re
+import types
+import typing
 from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -201,12 +204,47 @@ def _frozen(value: Any) -> Any:
     return copy.deepcopy(value)
 
 
+def _immutable_annotation(annotation: Any) -> bool:
+    """Whether a field annotated ``annotation`` can only hold values that cannot
+    change in place (numbers, strings, enums, paths, None, literals, and unions
+    and tuples of those); anything else counts as mutable."""
+    origin = typing.get_origin(annotation)
+    if origin is typing.Annotated:
+        return _immutable_annotation(typing.get_args(annotation)[0])
+    if origin is typing.Literal:
+        return True
+    if origin in (typing.Union, types.UnionType, tuple, frozenset):
+        return all(
+            arg is Ellipsis or _immutable_annotation(arg) for arg in typing.get_args(annotation)
+        )
+    return isinstance(annotation, type) and issubclass(annotation, (*_ATOMIC, pathlib.PurePath))
+
+
+_MUTABLE_FIELDS: dict[type, tuple[str, ...]] = {}
+
+
+def _mutable_fields(section_type: type) -> tuple[str, ...]:
+    """The fields of a config section class whose values may change in place."""
+    names = _MUTABLE_FIELDS.get(section_type)
+    if names is None:
+        fields = getattr(section_type, "__pydantic_fields__", {})
+        names = _MUTABLE_FIELDS[section_type] = tuple(
+            name
+            for name in _field_names(section_type)
+            if name not in fields or not _immutable_annotation(fields[name].annotation)
+        )
+    return names
+
+
 def _state(part: Any) -> dict[str, Any]:
-    """A config section's attributes as they are now (see :func:`_frozen`)."""
-    return {
-        name: value if type(value) in _PLAIN else _frozen(value)
-        for name, value in vars(part).items()
-    }
+    """A config section's attributes as they are now (see :func:`_frozen`): a shallow
+    copy, with the values of fields that may change in place frozen."""
+    state = dict(vars(part))
+    for name in _mutable_fields(type(part)):
+        value = state.get(name)
+        if type(value) not in _PLAIN:
+            state[name] = _frozen(value)
+    return state
 
 
 def _working_copy(config: EngineConfig) -> EngineConfig:

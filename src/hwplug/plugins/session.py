@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import functools
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from types import TracebackType
@@ -41,6 +42,16 @@ if TYPE_CHECKING:
     from hwplug.plugins.selection import Selection
 
 __all__ = ["PlatformOverride", "Session"]
+
+
+@functools.cache
+def _default_config() -> EngineConfig:
+    """The default config, built once: resolution never changes the config it is given
+    (it works on a copy), so every ``resolve()`` without a config can start from it."""
+    # lazy: pydantic; `import hwplug` and platform selection stay light
+    from hwplug.core.config import EngineConfig
+
+    return EngineConfig()
 
 
 class Session:
@@ -199,12 +210,9 @@ class Session:
         :raises ConfigError: the config cannot run on the platform.
         :raises PluginError: the platform or a plugin misbehaved.
         """
-        # lazy: pydantic; `import hwplug` and platform selection stay light
-        from hwplug.core.config import EngineConfig
-
         plat = self.as_platform(platform, "resolve(platform=...)")
         return pipeline.resolve(
-            EngineConfig() if config is None else config,
+            _default_config() if config is None else config,
             plat,
             self.hooks,
             describe=self.describe,
