@@ -42,6 +42,7 @@ __all__ = [
 def get_platform() -> Platform:
     """The current platform of the default session (a :func:`use_platform` override,
     else the detected one)."""
+    # lazy: the plugin machinery (pluggy, entry points) loads on first use
     from hwplug.plugins.current import get_platform as _get
 
     return _get()
@@ -49,6 +50,7 @@ def get_platform() -> Platform:
 
 def default_session() -> Session:
     """The process's default :class:`Session`: what the module-level functions use."""
+    # lazy: the plugin machinery (pluggy, entry points) loads on first use
     from hwplug.plugins.current import default_session as _default
 
     return _default()
@@ -76,10 +78,12 @@ def __getattr__(name: str) -> Any:
     if name == "current_platform":
         return get_platform()
     if name == "use_platform":
+        # lazy: the plugin machinery (pluggy, entry points) loads on first use
         from hwplug.plugins.current import use_platform as _use
 
         return _use
     if name == "Session":
+        # lazy: the plugin machinery (pluggy, entry points) loads on first use
         from hwplug.plugins.session import Session as _Session
 
         return _Session

@@ -262,6 +262,7 @@ def _collective_ops() -> Any:
     """``torch.ops.hwplug`` with ``all_reduce`` and ``all_gather`` registered (on first
     use; imports torch). They are opaque to ``torch.compile``: a compiled model
     calls the communicator at run time, between its compiled kernels."""
+    # lazy: torch; `import hwplug` stays light
     from hwplug.core import _collective_ops
 
     return _collective_ops.OPS

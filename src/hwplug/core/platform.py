@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
 
 from hwplug.core.dtypes import CACHE_DTYPE_FORMATS, canonical_dtype
 from hwplug.core.errors import ConfigError, PluginError, brief
+from hwplug.core.graphs import GraphWrapper
 from hwplug.core.runtime import DeviceRuntime
 
 FP8_TORCH_NAMES = ("float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2", "float8_e5m2fnuz")
@@ -589,7 +590,6 @@ class Platform:
         wrapper = self.graph_wrapper_cls()
         if wrapper is None:
             return False
-        from hwplug.core.graphs import GraphWrapper
 
         if not (isinstance(wrapper, type) and issubclass(wrapper, GraphWrapper)):
             raise PluginError(

@@ -42,7 +42,11 @@ import typing
 from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
+from hwplug.core.config import CompilationLevel, CUDAGraphMode
+from hwplug.core.dtypes import CACHE_DTYPE_FORMATS
 from hwplug.core.errors import ConfigError, PluginError, brief, error_line, one_line
+from hwplug.core.graph_modes import resolve_runtime_graph_mode
+from hwplug.core.graphs import AttentionGraphSupport
 from hwplug.core.hookcall import call_hook
 
 if TYPE_CHECKING:
@@ -78,6 +82,7 @@ _source: contextvars.ContextVar[str] = contextvars.ContextVar(
 
 def _jsonable(value: Any) -> Any:
     """The config's JSON form of a value (imported late: it needs pydantic)."""
+    # lazy: pydantic; `import hwplug` stays light
     from hwplug.core.config._common import jsonable
 
     return jsonable(value)
@@ -172,6 +177,7 @@ def _atomic_type(kind: type) -> bool:
 
 @functools.cache
 def _section_base() -> type:
+    # lazy: pydantic; `import hwplug` stays light
     from hwplug.core.config._common import ConfigSection
 
     return ConfigSection
@@ -567,6 +573,7 @@ def resolve(
     :raises PluginError: the platform or a plugin misbehaved (raised, or
         changed the config behind the change log).
     """
+    # lazy: pydantic; `import hwplug` stays light
     from hwplug.core.config import EngineConfig
 
     if not isinstance(config, EngineConfig):
@@ -624,8 +631,6 @@ def _with_provenance(exc: ConfigError, changes: ChangeLog) -> ConfigError:
 
 def _step_fp8_name(config: EngineConfig, platform: Platform, changes: ChangeLog) -> None:
     """A cache dtype that means "the platform's fp8" needs the platform to name one."""
-    from hwplug.core.dtypes import CACHE_DTYPE_FORMATS
-
     cache_dtype = config.cache.cache_dtype
     fmt = CACHE_DTYPE_FORMATS.get(cache_dtype)
     if fmt is None or fmt.torch_name is not None or cache_dtype == "auto":
@@ -661,8 +666,6 @@ def _step_copy(config: EngineConfig, changes: ChangeLog) -> None:
 
 def _step_defaults(config: EngineConfig, plat: Platform, changes: ChangeLog) -> None:
     """Step 2: compilation level, prefix caching, chunked prefill and model dtype."""
-    from hwplug.core.config import CompilationLevel
-
     level = config.compilation.level
     if level is None:
         if config.model.enforce_eager:
@@ -701,8 +704,6 @@ def _step_defaults(config: EngineConfig, plat: Platform, changes: ChangeLog) -> 
 
 def explicit_mode_problem(config: EngineConfig, plat: Platform) -> str | None:
     """Why an explicit ``compilation.cudagraph_mode`` cannot run on ``plat``, or None."""
-    from hwplug.core.config import CUDAGraphMode
-
     mode = config.compilation.cudagraph_mode
     if mode is None or mode == CUDAGraphMode.NONE:
         return None
@@ -727,8 +728,6 @@ def explicit_mode_problem(config: EngineConfig, plat: Platform) -> str | None:
 
 def _step_graph_defaults(config: EngineConfig, plat: Platform, changes: ChangeLog) -> None:
     """Step 3: the graph-capture mode."""
-    from hwplug.core.config import CompilationLevel, CUDAGraphMode
-
     comp = config.compilation
     if comp.cudagraph_mode is not None:
         problem = explicit_mode_problem(config, plat)
@@ -831,9 +830,6 @@ def _step_fit_graph_mode(
     config: EngineConfig, plat: Platform, changes: ChangeLog, backend: Any
 ) -> None:
     """Attention step 2: fit the graph mode to the attention backend's graph support."""
-    from hwplug.core.config import CUDAGraphMode
-    from hwplug.core.graph_modes import resolve_runtime_graph_mode
-
     comp = config.compilation
     mode = comp.cudagraph_mode
     if backend is None or mode is None or mode == CUDAGraphMode.NONE:
@@ -881,8 +877,6 @@ def _step_fit_graph_mode(
 def _attention_split(comp: Any) -> bool:
     """Whether piecewise compilation runs hwplug's attention ops outside the captured
     pieces: level PIECEWISE with every one of them among the splitting ops."""
-    from hwplug.core.config import CompilationLevel
-
     ops = comp.splitting_ops or []
     return comp.level == CompilationLevel.PIECEWISE and all(
         op in ops for op in _HWPLUG_ATTENTION_OPS
@@ -892,8 +886,6 @@ def _attention_split(comp: Any) -> bool:
 def _captures_attention_piecewise(comp: Any, mode: Any, support: Any) -> bool:
     """Whether ``mode``'s piecewise graphs would capture an attention backend of
     ``support`` that cannot run inside a captured graph (below ALWAYS)."""
-    from hwplug.core.graphs import AttentionGraphSupport
-
     return (
         mode.has_piecewise_cudagraphs()
         and support is not AttentionGraphSupport.ALWAYS
@@ -907,9 +899,6 @@ def _fit_piecewise_capture(
     """Piecewise graphs that would capture attention (hwplug's ops are not split out)
     need a backend that can run inside any captured graph (ALWAYS): else an explicit
     mode is a ConfigError, and an unset one drops its piecewise graphs (recorded)."""
-    from hwplug.core.config import CUDAGraphMode
-    from hwplug.core.graphs import AttentionGraphSupport
-
     comp = config.compilation
     mode = comp.cudagraph_mode
     support = backend.graph_support
@@ -940,9 +929,6 @@ def _fit_piecewise_capture(
 
 def _modes_that_fit(config: EngineConfig, plat: Platform, support: Any) -> list[Any]:
     """The graph modes the platform accepts here and the attention support keeps as they are."""
-    from hwplug.core.config import CompilationLevel, CUDAGraphMode
-    from hwplug.core.graph_modes import resolve_runtime_graph_mode
-
     kept = []
     for candidate in CUDAGraphMode:
         trial = copy.deepcopy(config)
@@ -972,8 +958,6 @@ def _step_finalise(
     config: EngineConfig, plat: Platform, changes: ChangeLog, backend: Any = None
 ) -> None:
     """Step 5: splitting ops, graph-mode fitting, capture sizes, warm-ups, padding table."""
-    from hwplug.core.config import CompilationLevel, CUDAGraphMode
-
     comp = config.compilation
     mode = comp.cudagraph_mode if comp.cudagraph_mode is not None else CUDAGraphMode.NONE
     if mode.requires_piecewise_compilation() and comp.level != CompilationLevel.PIECEWISE:

@@ -22,6 +22,8 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
+from hwplug.core import distributed
+from hwplug.core.distributed import DeviceCommunicator
 from hwplug.core.errors import PluginError, brief
 
 if TYPE_CHECKING:
@@ -265,8 +267,6 @@ class DeviceRuntime:
             backend, or the process already joined with other arguments (both
             are named).
         """
-        from hwplug.core import distributed
-
         for name, value in (("rank", rank), ("world_size", world_size)):
             if isinstance(value, bool) or not isinstance(value, int):
                 raise ValueError(f"{name} must be an integer, got {value!r}")
@@ -293,8 +293,6 @@ class DeviceRuntime:
 
     def destroy_distributed(self) -> None:
         """Leave and destroy the default process group (nothing when there is none)."""
-        from hwplug.core import distributed
-
         distributed.destroy_process_group()
 
     def device_communicator(self, group: Any = None) -> DeviceCommunicator:
@@ -306,8 +304,6 @@ class DeviceRuntime:
         :raises PluginError: ``communicator_cls`` is not a ``DeviceCommunicator``
             subclass.
         """
-        from hwplug.core.distributed import DeviceCommunicator
-
         plat = self.platform
         cls = plat.communicator_cls or DeviceCommunicator
         if not (isinstance(cls, type) and issubclass(cls, DeviceCommunicator)):

@@ -17,6 +17,7 @@ import functools
 import importlib
 import pkgutil
 
+import hwplug.platforms as package
 from hwplug.core.errors import ConfigError
 from hwplug.core.platform import DeviceInfo, parse_profile_spec
 
@@ -25,8 +26,6 @@ __all__ = ["PROFILES", "all_profiles", "find_profile"]
 
 @functools.cache
 def _gather() -> dict[str, dict[str, DeviceInfo]]:
-    import hwplug.platforms as package
-
     found: dict[str, dict[str, DeviceInfo]] = {}
     for info in pkgutil.iter_modules(package.__path__):
         if not info.ispkg:

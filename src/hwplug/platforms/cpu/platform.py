@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, ClassVar
 from hwplug.core.errors import ConfigError, brief
 from hwplug.core.hookspecs import hookimpl
 from hwplug.core.platform import MAX_MEMORY, DeviceInfo, GiB, Platform, canonical_dtype
+from hwplug.platforms.cpu.probe import probe_cpu
 from hwplug.platforms.cpu.profiles import PROFILES
 from hwplug.platforms.cpu.runtime import CpuRuntime
 from hwplug.platforms.vendor import (
@@ -93,8 +94,6 @@ class CpuPlatform(VendorPlatform):
     @classmethod
     def detect(cls) -> list[DeviceInfo]:
         """Always one device: this host's CPU (model, ISA flags, memory, IPEX)."""
-        from hwplug.platforms.cpu.probe import probe_cpu
-
         return [probe_cpu()]
 
     def has_ipex(self) -> bool:

@@ -13,7 +13,9 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from hwplug.core.hookspecs import hookimpl
 from hwplug.core.platform import DeviceCapability, DeviceInfo, Platform
+from hwplug.platforms.cuda.probe import probe_nvidia
 from hwplug.platforms.cuda.profiles import PROFILES
+from hwplug.platforms.cuda_graphs import CUDAGraphWrapper
 from hwplug.platforms.sysfs import NVML, library_text
 from hwplug.platforms.vendor import DeviceQuery, VendorPlatform
 
@@ -72,8 +74,6 @@ class CudaPlatform(VendorPlatform):
     @classmethod
     def detect(cls) -> list[DeviceInfo]:
         """NVIDIA GPUs from sysfs, ``/proc/driver/nvidia`` and NVML (no torch)."""
-        from hwplug.platforms.cuda.probe import probe_nvidia
-
         return list(probe_nvidia())
 
     # -- device queries ---------------------------------------------------------
@@ -162,8 +162,6 @@ class CudaPlatform(VendorPlatform):
     # -- graphs ----------------------------------------------------------------------
     def graph_wrapper_cls(self) -> type | None:
         """The CUDA-graph wrapper (``torch.cuda.CUDAGraph``)."""
-        from hwplug.platforms.cuda_graphs import CUDAGraphWrapper
-
         return CUDAGraphWrapper
 
 

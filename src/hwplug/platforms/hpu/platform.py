@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING, ClassVar
 from hwplug.core.errors import ConfigError
 from hwplug.core.hookspecs import hookimpl
 from hwplug.core.platform import DeviceInfo, Platform
+from hwplug.platforms.hpu.graphs import HPUGraphWrapper
+from hwplug.platforms.hpu.probe import probe_habana
 from hwplug.platforms.hpu.profiles import PROFILES
 from hwplug.platforms.vendor import (
     VendorPlatform,
@@ -70,8 +72,6 @@ class HpuPlatform(VendorPlatform):
     @classmethod
     def detect(cls) -> list[DeviceInfo]:
         """Gaudi accelerators: PCI vendor 0x1da3 with the habanalabs driver (no torch)."""
-        from hwplug.platforms.hpu.probe import probe_habana
-
         return list(probe_habana())
 
     # -- KV cache ------------------------------------------------------------------
@@ -133,8 +133,6 @@ class HpuPlatform(VendorPlatform):
     # -- graphs ----------------------------------------------------------------------
     def graph_wrapper_cls(self) -> type | None:
         """The HPU-graph wrapper (``habana_frameworks.torch.hpu`` graphs)."""
-        from hwplug.platforms.hpu.graphs import HPUGraphWrapper
-
         return HPUGraphWrapper
 
 

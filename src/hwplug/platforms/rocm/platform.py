@@ -12,7 +12,9 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from hwplug.core.hookspecs import hookimpl
 from hwplug.core.platform import DeviceCapability, DeviceInfo, Platform
+from hwplug.platforms.cuda_graphs import CUDAGraphWrapper
 from hwplug.platforms.rocm.gfx import gfx_arch_name, gfx_capability, gfx_version
+from hwplug.platforms.rocm.probe import probe_amd
 from hwplug.platforms.rocm.profiles import PROFILES
 from hwplug.platforms.sysfs import AMDSMI
 from hwplug.platforms.vendor import DeviceQuery, VendorPlatform
@@ -65,8 +67,6 @@ class RocmPlatform(VendorPlatform):
     @classmethod
     def detect(cls) -> list[DeviceInfo]:
         """AMD GPUs from the KFD topology in sysfs and amdsmi (no torch)."""
-        from hwplug.platforms.rocm.probe import probe_amd
-
         return list(probe_amd())
 
     # -- the ISA generation ------------------------------------------------------
@@ -177,8 +177,6 @@ class RocmPlatform(VendorPlatform):
 
     def graph_wrapper_cls(self) -> type | None:
         """The CUDA-graph wrapper: HIP graphs through the ``torch.cuda`` API."""
-        from hwplug.platforms.cuda_graphs import CUDAGraphWrapper
-
         return CUDAGraphWrapper
 
 

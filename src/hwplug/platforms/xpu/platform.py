@@ -16,6 +16,7 @@ from hwplug.core.hookspecs import hookimpl
 from hwplug.core.platform import DeviceInfo, Platform
 from hwplug.core.versions import torch_version
 from hwplug.platforms.vendor import VendorPlatform
+from hwplug.platforms.xpu.probe import probe_intel_gpu
 from hwplug.platforms.xpu.profiles import PROFILES
 
 if TYPE_CHECKING:
@@ -72,8 +73,6 @@ class XpuPlatform(VendorPlatform):
     @classmethod
     def detect(cls) -> list[DeviceInfo]:
         """Discrete Intel GPUs in sysfs (xe or i915 with device-local memory; no torch)."""
-        from hwplug.platforms.xpu.probe import probe_intel_gpu
-
         return list(probe_intel_gpu())
 
     def device_id_to_physical_device_id(self, device_id: int) -> int:
