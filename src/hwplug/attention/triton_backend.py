@@ -30,7 +30,7 @@ from hwplug.core.graphs import AttentionGraphSupport
 if TYPE_CHECKING:
     import torch
 
-    from hwplug.attention.metadata import AttentionMetadata
+    from hwplug.attention.call import AttentionCall
 
 __all__ = ["TritonAttentionBackend"]
 
@@ -62,35 +62,14 @@ class TritonAttentionBackend(AttentionBackend):
     model_dtypes = ("bfloat16", "float16", "float32")
     cache_dtypes = ("auto", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2")
 
-    def attend(
-        self,
-        query: torch.Tensor,
-        key: torch.Tensor,
-        value: torch.Tensor,
-        key_cache: torch.Tensor,
-        value_cache: torch.Tensor,
-        step: AttentionMetadata | object,
-        *,
-        k_scale: float | torch.Tensor,
-        v_scale: float | torch.Tensor,
-    ) -> torch.Tensor:
-        from hwplug.attention.base import metadata_of
-
-        metadata = metadata_of(step)
-        reason = _unavailable_reason(query.device)
+    def attend(self, call: AttentionCall) -> torch.Tensor:
+        reason = _unavailable_reason(call.query.device)
         if reason is not None:
             raise RuntimeError(f"the triton attention backend cannot run here: {reason}")
         from hwplug.attention import _triton_unified
 
         return _triton_unified.unified_attention(
-            query,
-            key,
-            value,
-            key_cache,
-            value_cache,
-            metadata,
-            k_scale,
-            v_scale,
+            call,
             scale=self.scale,
             sliding_window=self.sliding_window,
             interpret=_interpret_requested(),
