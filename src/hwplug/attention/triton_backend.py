@@ -20,7 +20,6 @@ This module does not import torch or triton; :meth:`attend` does.
 
 from __future__ import annotations
 
-import importlib.util
 import os
 from typing import TYPE_CHECKING
 
@@ -41,17 +40,6 @@ def _interpret_requested() -> bool:
     return os.environ.get("TRITON_INTERPRET", "").strip().lower() in _TRUE_WORDS
 
 
-def _unavailable_reason(device: torch.device) -> str | None:
-    """Why the kernel cannot run on tensors on ``device``, or None."""
-    from hwplug.kernels import triton_unavailable_reason
-
-    if device.type == "xpu" and not _interpret_requested():
-        if importlib.util.find_spec("triton") is None:
-            return "the triton package is not installed (pip install 'hwplug[triton]')"
-        return None
-    return triton_unavailable_reason(device)
-
-
 class TritonAttentionBackend(AttentionBackend):
     """Paged attention in one Triton kernel; capturable in full CUDA graphs."""
 
@@ -63,7 +51,9 @@ class TritonAttentionBackend(AttentionBackend):
     cache_dtypes = ("auto", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2")
 
     def attend(self, call: AttentionCall) -> torch.Tensor:
-        reason = _unavailable_reason(call.query.device)
+        from hwplug.kernels import triton_unavailable_reason
+
+        reason = triton_unavailable_reason(call.query.device)
         if reason is not None:
             raise RuntimeError(f"the triton attention backend cannot run here: {reason}")
         from hwplug.attention import _triton_unified
