@@ -43,8 +43,9 @@ size in brackets; MLA is multi-head latent attention (`model.use_mla`). The
 fp8 format is the torch dtype that `cache.cache_dtype="fp8"` (or the
 platform's own name for its fp8 cache, its `fp8_cache_dtype`) stores on that
 device; "none" where the device does not accept it (an explicit format such
-as `fp8_e5m2` may still be listed among the KV-cache dtypes). The attention column is the backend a default
-configuration resolves to (`attention.backend` left unset).
+as `fp8_e5m2` may still be listed among the KV-cache dtypes). The attention
+column is the backend a default configuration resolves to (`attention.backend`
+left unset).
 
 This page is generated: run `python scripts/gen_support_matrix.py` (the same
 as `HWPLUG_PLUGINS= hwplug matrix --format markdown`) after changing a

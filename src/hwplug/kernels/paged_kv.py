@@ -9,8 +9,8 @@ how ``CacheConfig.calculate_kv_scales=True`` is served.
 
 Two backends do the work: ``"torch"``, the pure-torch reference, and
 ``"triton"``, which runs on the devices of platforms that run Triton and, with
-``TRITON_INTERPRET=1``, on CPU tensors through Triton's interpreter. For the same input both store the same
-bytes (see :mod:`hwplug.kernels._triton_kv` for why that takes care).
+``TRITON_INTERPRET=1``, on CPU tensors through Triton's interpreter. For the
+same input both store the same bytes (see :mod:`hwplug.kernels._triton_kv` for why that takes care).
 """
 
 from __future__ import annotations
