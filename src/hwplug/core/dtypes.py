@@ -50,9 +50,10 @@ class CacheDtypeFormat:
     ``torch_name`` is the torch dtype it stores, or None where it depends on
     the model (``auto``) or the platform (``fp8``, and a platform's own name
     for its fp8 cache: the platform's ``fp8_dtype()``). ``fnuz_torch_name``
-    replaces it on platforms whose fp8 uses the FNUZ encoding. A format with ``listed_only`` exists only on the
-    platforms that list it in ``cache_dtypes`` (a vendor's own format);
-    ``note`` says what it is, for messages.
+    replaces it on platforms whose fp8 uses the FNUZ encoding. A format with
+    ``listed_only`` exists only on the platforms that list it in
+    ``cache_dtypes`` (a vendor's own format); ``note`` says what it is, for
+    messages.
     """
 
     name: str
