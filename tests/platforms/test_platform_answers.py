@@ -75,6 +75,16 @@ def test_tensors_of_another_device_type_than_the_platform_do_not_run_triton(
     assert "no xpu devices" in reason
 
 
+def test_triton_attention_serves_a_platform_that_runs_triton() -> None:
+    from hwplug.attention import TritonAttentionBackend
+    from hwplug.core.config import EngineConfig
+
+    config = EngineConfig.from_dict({"model": {"dtype": "float16"}})
+    assert TritonAttentionBackend.problem(config, TritonMetaAccelerator.simulate("m1")) is None
+    problem = TritonAttentionBackend.problem(config, MetaAccelerator.simulate("m1")) or ""
+    assert "(a meta device) does not run Triton" in problem
+
+
 # -- pinned host memory --------------------------------------------------------------
 
 

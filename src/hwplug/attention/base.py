@@ -115,6 +115,9 @@ class AttentionBackend:
     # -- what the backend serves (data read by problem()) --------------------
     device_types: ClassVar[tuple[str, ...] | None] = None
     """torch device types it runs on (``platform.device_type``); None: every one."""
+    uses_triton: ClassVar[bool] = False
+    """Whether it runs Triton kernels: then it serves only the platforms that run
+    Triton (``platform.runs_triton``)."""
     head_sizes: ClassVar[Collection[int] | None] = None
     """Head sizes it serves (a ``range`` reads well in messages); None: any."""
     model_dtypes: ClassVar[tuple[str, ...] | None] = None
@@ -146,6 +149,12 @@ class AttentionBackend:
             return (
                 f"{who} runs on {' and '.join(cls.device_types)} devices; "
                 f"{platform.describe_device()} is a {platform.device_type or 'non-torch'} device"
+            )
+        if cls.uses_triton and not platform.runs_triton:
+            return (
+                f"{who} runs Triton kernels, and {platform.describe_device()} (a "
+                f"{platform.device_type or 'non-torch'} device) does not run Triton: its "
+                "platform's runs_triton is False"
             )
         if cls.head_sizes is not None and model.head_size not in cls.head_sizes:
             return (

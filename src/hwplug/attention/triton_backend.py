@@ -8,7 +8,8 @@ depends on shapes alone, so it can be captured in a full CUDA graph
 values are checked once, from the metadata's host values, and the metadata
 itself is what every layer takes.
 
-Limits: devices of type ``cuda`` (CUDA and ROCm) and ``xpu``; head sizes
+Limits: the devices of platforms that run Triton (``runs_triton``: CUDA,
+ROCm and XPU among the built-ins); head sizes
 that are multiples of 16 from 32 to 256 (padded to a power of two inside the
 kernel); any block size; bfloat16, float16 and float32 models; caches in
 those dtypes or fp8 (``float8_e4m3fn``, ``float8_e4m3fnuz``, ``float8_e5m2``,
@@ -45,7 +46,7 @@ class TritonAttentionBackend(AttentionBackend):
 
     name = "triton"
     graph_support = AttentionGraphSupport.ALWAYS
-    device_types = ("cuda", "xpu")
+    uses_triton = True  # the platforms that run Triton: CUDA, ROCm, XPU among the built-ins
     head_sizes = range(32, 257, 16)
     model_dtypes = ("bfloat16", "float16", "float32")
     cache_dtypes = ("auto", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2")
