@@ -41,11 +41,12 @@ What each platform supports on each simulated device profile, computed from
 the platforms' own rules. The device column gives the compute capability or
 the GPU architecture. Block sizes show the default in bold, then every allowed
 size in brackets; MLA is multi-head latent attention (`model.use_mla`). The
-fp8 format is the torch dtype that `cache.cache_dtype="fp8"` (on HPU
-`"fp8_inc"`) stores on that device; "none" where the device does not accept
-it (an explicit format such as `fp8_e5m2` may still be listed among the
-KV-cache dtypes). The attention column is the backend a default
-configuration resolves to (`attention.backend` left unset).
+fp8 format is the torch dtype that `cache.cache_dtype="fp8"` (or the
+platform's own name for its fp8 cache, its `fp8_cache_dtype`) stores on that
+device; "none" where the device does not accept it (an explicit format such
+as `fp8_e5m2` may still be listed among the KV-cache dtypes). The attention
+column is the backend a default configuration resolves to (`attention.backend`
+left unset).
 
 This page is generated: run `python scripts/gen_support_matrix.py` (the same
 as `HWPLUG_PLUGINS= hwplug matrix --format markdown`) after changing a
@@ -91,7 +92,8 @@ class MatrixRow:
     cache_dtypes: tuple[str, ...]
     """KV-cache dtypes this device can store."""
     fp8_format: str | None
-    """torch dtype that ``fp8`` (HPU: ``fp8_inc``) stores here; None where it is not accepted."""
+    """torch dtype that the platform's fp8 cache dtype (``fp8_cache_dtype``) stores here;
+    None where it is not accepted."""
     model_dtypes: tuple[str, ...]
     """Model dtypes, most preferred first."""
     graph_modes: tuple[str, ...]
@@ -165,8 +167,8 @@ def _row(platform: Platform, entry: PlatformEntry, session: Session) -> MatrixRo
     plain = EngineConfig()
     mla = EngineConfig(model=ModelConfig(use_mla=True))
     cache_dtypes = tuple(platform.supported_cache_dtypes())
-    # HPU has no plain `fp8`: its fp8 cache is `fp8_inc`, stored as fp8_dtype().
-    has_fp8 = "fp8" in cache_dtypes or "fp8_inc" in cache_dtypes
+    # the cache dtype that stores fp8_dtype() has its own name on some platforms
+    has_fp8 = platform.fp8_cache_dtype in cache_dtypes
     device = platform.device
     return MatrixRow(
         platform=platform.name,

@@ -29,20 +29,16 @@ def compile_for(target: tuple[str, int | str, int], **batch_args: Any) -> Any:
     from triton.compiler import ASTSource
     from triton.runtime.jit import JITFunction, mangle_type
 
-    from hwplug.attention import _triton_unified
+    from hwplug.attention import AttentionCall, _triton_unified
 
     window = batch_args.pop("window", None)
     tensor_scales = batch_args.pop("tensor_scales", False)
     batch = make_batch(**batch_args)
     scale: float | torch.Tensor = torch.tensor(0.5) if tensor_scales else 0.5
+    call = AttentionCall(*batch.args(), k_scale=scale, v_scale=scale)
     launch = _triton_unified.plan_launch(
-        batch.query,
-        batch.key_cache,
-        batch.value_cache,
+        call,
         torch.empty_like(batch.query),
-        batch.metadata,
-        scale,
-        scale,
         scale=0.1,
         sliding_window=window,
         interpret=False,

@@ -6,6 +6,7 @@ fresh process). This module must not import torch.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from typing import TYPE_CHECKING, ClassVar
 
@@ -87,10 +88,9 @@ def no_write_backend() -> type:
     class NoWriteAttention(TorchAttentionBackend):
         name = "nowrite"
 
-        def attend(self, query, key, value, key_cache, value_cache, metadata, **scales):  # type: ignore[no-untyped-def]
-            return super().attend(
-                query, key, value, key_cache.clone(), value_cache.clone(), metadata, **scales
-            )
+        def attend(self, call):  # type: ignore[no-untyped-def]
+            copies = {"key_cache": call.key_cache.clone(), "value_cache": call.value_cache.clone()}
+            return super().attend(dataclasses.replace(call, **copies))
 
     return NoWriteAttention
 

@@ -222,8 +222,8 @@ def test_triton_backend_on_cpu_without_interpreter_is_a_runtime_error() -> None:
 
 def test_triton_reason_for_devices_it_cannot_run_on(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
-    assert "CUDA and ROCm GPUs" in (triton_unavailable_reason("meta") or "")
-    with pytest.raises(RuntimeError, match="not on meta tensors"):
+    assert "do not run on meta tensors" in (triton_unavailable_reason("meta") or "")
+    with pytest.raises(RuntimeError, match="not run on meta tensors"):
         select_backend("triton", "meta")
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     assert "interpreter" in (triton_unavailable_reason("meta") or "")

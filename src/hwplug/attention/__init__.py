@@ -1,6 +1,8 @@
 """Attention backends: the contract, the built-ins and the registry.
 
 - :class:`AttentionBackend`: the base class of every backend;
+- :class:`AttentionCall`: one layer's call for one step (tensors, step, scales)
+  as one object, what ``forward_call`` and ``attend`` take;
 - :class:`AttentionMetadata`: one step's batch layout, built once per step from
   host values (:meth:`AttentionMetadata.build`);
 - ``backend_cls.prepare(metadata, num_blocks=..., block_size=...)``: what a
@@ -21,6 +23,7 @@ Importing this package does not import torch, and neither does
 from __future__ import annotations
 
 from hwplug.attention.base import AttentionBackend, PreparedStep, metadata_of
+from hwplug.attention.call import AttentionCall
 from hwplug.attention.context import current_step, forward_context
 from hwplug.attention.metadata import AttentionMetadata
 from hwplug.attention.ops import register_unified_attention, unified_attention
@@ -37,6 +40,7 @@ from hwplug.attention.triton_backend import TritonAttentionBackend
 __all__ = [
     "BUILTIN_BACKENDS",
     "AttentionBackend",
+    "AttentionCall",
     "AttentionMetadata",
     "PreparedStep",
     "TorchAttentionBackend",

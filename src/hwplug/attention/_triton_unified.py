@@ -37,7 +37,7 @@ from hwplug.kernels import _triton_kv
 from hwplug.kernels.formats import FP8_FORMATS
 
 if TYPE_CHECKING:
-    from hwplug.attention.metadata import AttentionMetadata
+    from hwplug.attention.call import AttentionCall
 
 __all__ = ["Launch", "kernel_for", "plan_launch", "unified_attention", "write_new_tokens"]
 
@@ -343,25 +343,19 @@ def _in_memory(scale: float | torch.Tensor, device: torch.device) -> torch.Tenso
     return torch.full((), scale, dtype=torch.float32, device=device)
 
 
-def write_new_tokens(
-    key: torch.Tensor,
-    value: torch.Tensor,
-    key_cache: torch.Tensor,
-    value_cache: torch.Tensor,
-    slot_mapping: torch.Tensor,
-    k_scale: float | torch.Tensor,
-    v_scale: float | torch.Tensor,
-    *,
-    interpret: bool,
-) -> None:
-    """``write_kv_cache`` semantics without its host reads (slot range, tensor scales).
+def write_new_tokens(call: AttentionCall, *, interpret: bool) -> None:
+    """Write the call's keys and values: ``write_kv_cache`` semantics without its host
+    reads (slot range, tensor scales).
 
     A tensor scale of an fp8 cache is applied on the device (an fp32 division,
     as the write does) and the kernel then divides by 1.0, which is exact: the
     stored bytes are those of ``write_kv_cache``.
     """
-    slots = slot_mapping.contiguous()
-    for src, cache, scale in ((key, key_cache, k_scale), (value, value_cache, v_scale)):
+    slots = call.metadata.slot_mapping.contiguous()
+    for src, cache, scale in (
+        (call.key, call.key_cache, call.k_scale),
+        (call.value, call.value_cache, call.v_scale),
+    ):
         arg, in_memory = _scale_arg(scale, src.device)
         if cache.dtype not in FP8_FORMATS:
             _triton_kv.write_rows(src, cache, slots, 1.0, interpret=interpret)
@@ -381,19 +375,17 @@ class Launch(NamedTuple):
 
 
 def plan_launch(
-    query: torch.Tensor,
-    key_cache: torch.Tensor,
-    value_cache: torch.Tensor,
+    call: AttentionCall,
     out: torch.Tensor,
-    metadata: AttentionMetadata,
-    k_scale: float | torch.Tensor,
-    v_scale: float | torch.Tensor,
     *,
     scale: float,
     sliding_window: int | None,
     interpret: bool,
 ) -> Launch:
-    """How the kernel is launched for these tensors; everything from shapes and dtypes."""
+    """How the kernel is launched for a call writing into ``out``; everything from
+    shapes and dtypes."""
+    query, key_cache, value_cache = call.query, call.key_cache, call.value_cache
+    metadata, k_scale, v_scale = call.metadata, call.k_scale, call.v_scale
     num_tokens, num_heads, head_size = query.shape
     num_kv_heads = key_cache.shape[2]
     num_seqs = metadata.seq_lens.shape[0]
@@ -462,14 +454,7 @@ def plan_launch(
 
 
 def unified_attention(
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    key_cache: torch.Tensor,
-    value_cache: torch.Tensor,
-    metadata: AttentionMetadata,
-    k_scale: float | torch.Tensor,
-    v_scale: float | torch.Tensor,
+    call: AttentionCall,
     *,
     scale: float,
     sliding_window: int | None,
@@ -479,31 +464,11 @@ def unified_attention(
 
     Arguments are checked by the caller. Reads no tensor value on the host.
     """
-    write_new_tokens(
-        key,
-        value,
-        key_cache,
-        value_cache,
-        metadata.slot_mapping,
-        k_scale,
-        v_scale,
-        interpret=interpret,
-    )
-    out = torch.empty_like(query)
-    if query.shape[0] == 0 or metadata.seq_lens.shape[0] == 0:
+    write_new_tokens(call, interpret=interpret)
+    out = torch.empty_like(call.query)
+    if call.query.shape[0] == 0 or call.metadata.seq_lens.shape[0] == 0:
         return out
-    launch = plan_launch(
-        query,
-        key_cache,
-        value_cache,
-        out,
-        metadata,
-        k_scale,
-        v_scale,
-        scale=scale,
-        sliding_window=sliding_window,
-        interpret=interpret,
-    )
+    launch = plan_launch(call, out, scale=scale, sliding_window=sliding_window, interpret=interpret)
     kernel = kernel_for(interpret)
     if interpret:
         # numpy warns about masked lanes it computes on (exp2(-inf), 0 * inf)

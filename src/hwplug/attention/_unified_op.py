@@ -8,6 +8,7 @@ imports it on first use. (No ``from __future__ import annotations`` here:
 import torch
 
 from hwplug.attention.base import AttentionBackend
+from hwplug.attention.call import AttentionCall
 from hwplug.attention.context import step_for
 from hwplug.attention.metadata import AttentionMetadata
 from hwplug.attention.registry import get_backend
@@ -16,6 +17,7 @@ __all__ = [
     "OP",
     "OP_WITH_OUTPUT",
     "as_scale_tensor",
+    "op_arguments",
     "unified_attention_op",
     "unified_attention_with_output_op",
 ]
@@ -28,24 +30,27 @@ _instances: dict[tuple[object, ...], AttentionBackend] = {}
 
 
 def _backend(
-    name: str,
-    num_heads: int,
-    head_size: int,
-    num_kv_heads: int,
-    scale: float,
-    sliding_window: int | None,
-    cache_dtype: torch.dtype,
+    name: str, call: AttentionCall, scale: float, sliding_window: int | None
 ) -> AttentionBackend:
     """One backend instance per backend class and layer shape (construction validates,
-    so do it once).
+    so do it once); the heads and the cache dtype are the call's.
 
     The name is looked up in the active session's table on every call (a dict
     lookup, cached by the session until its plugins change), so the op follows
     the session: a backend whose plugin is gone is an unknown name.
     """
+    query, key = call.query, call.key
+    if query.dim() != 3 or key.dim() != 3:
+        raise ValueError(
+            "hwplug::unified_attention: query must be [num_tokens, num_heads, head_size] and "
+            f"key [num_tokens, num_kv_heads, head_size]; got {list(query.shape)} and "
+            f"{list(key.shape)}"
+        )
     cls = get_backend(name)
-    key = (cls, num_heads, head_size, num_kv_heads, scale, sliding_window, cache_dtype)
-    impl = _instances.get(key)
+    num_heads, head_size, num_kv_heads = query.shape[1], query.shape[2], key.shape[1]
+    cache_dtype = call.key_cache.dtype
+    shape_key = (cls, num_heads, head_size, num_kv_heads, scale, sliding_window, cache_dtype)
+    impl = _instances.get(shape_key)
     if impl is None:
         impl = cls(
             num_heads,
@@ -57,8 +62,26 @@ def _backend(
         )
         if len(_instances) >= _MAX_INSTANCES:
             _instances.clear()
-        _instances[key] = impl
+        _instances[shape_key] = impl
     return impl
+
+
+def op_arguments(call: AttentionCall) -> tuple[torch.Tensor, ...]:
+    """The op's tensor arguments for a call, in its schema's order (up to ``v_scale``)."""
+    metadata = call.metadata
+    return (
+        call.query,
+        call.key,
+        call.value,
+        call.key_cache,
+        call.value_cache,
+        metadata.query_start_loc,
+        metadata.seq_lens,
+        metadata.block_table,
+        metadata.slot_mapping,
+        as_scale_tensor(call.k_scale, call.query),
+        as_scale_tensor(call.v_scale, call.query),
+    )
 
 
 @torch.library.custom_op("hwplug::unified_attention", mutates_args=("key_cache", "value_cache"))
@@ -79,28 +102,20 @@ def unified_attention_op(
     sliding_window: int | None,
 ) -> torch.Tensor:
     """Write the step's keys and values, then attend, with the backend called ``backend``."""
-    if query.dim() != 3 or key.dim() != 3:
-        raise ValueError(
-            "hwplug::unified_attention: query must be [num_tokens, num_heads, head_size] and "
-            f"key [num_tokens, num_kv_heads, head_size]; got {list(query.shape)} and "
-            f"{list(key.shape)}"
-        )
-    impl = _backend(
-        backend,
-        query.shape[1],
-        query.shape[2],
-        key.shape[1],
-        scale,
-        sliding_window,
-        key_cache.dtype,
-    )
+    metadata = AttentionMetadata(query_start_loc, seq_lens, block_table, slot_mapping)
     # the step the engine prepared (forward_context), when it is this step's metadata
-    step = step_for(query_start_loc, seq_lens, block_table, slot_mapping)
-    if step is None:
-        step = AttentionMetadata(query_start_loc, seq_lens, block_table, slot_mapping)
-    return impl.forward(
-        query, key, value, key_cache, value_cache, step, k_scale=k_scale, v_scale=v_scale
+    step = step_for(metadata)
+    call = AttentionCall(
+        query,
+        key,
+        value,
+        key_cache,
+        value_cache,
+        metadata if step is None else step,
+        k_scale,
+        v_scale,
     )
+    return _backend(backend, call, scale, sliding_window).forward_call(call)
 
 
 @unified_attention_op.register_fake

@@ -13,6 +13,7 @@ imports torch (resolution runs torch-free); the constructor and
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import numbers
 from collections.abc import Collection
@@ -23,6 +24,7 @@ from hwplug.core.graphs import AttentionGraphSupport
 if TYPE_CHECKING:
     import torch
 
+    from hwplug.attention.call import AttentionCall
     from hwplug.attention.metadata import AttentionMetadata
     from hwplug.core.config import EngineConfig
     from hwplug.core.platform import Platform
@@ -113,6 +115,9 @@ class AttentionBackend:
     # -- what the backend serves (data read by problem()) --------------------
     device_types: ClassVar[tuple[str, ...] | None] = None
     """torch device types it runs on (``platform.device_type``); None: every one."""
+    uses_triton: ClassVar[bool] = False
+    """Whether it runs Triton kernels: then it serves only the platforms that run
+    Triton (``platform.runs_triton``)."""
     head_sizes: ClassVar[Collection[int] | None] = None
     """Head sizes it serves (a ``range`` reads well in messages); None: any."""
     model_dtypes: ClassVar[tuple[str, ...] | None] = None
@@ -144,6 +149,12 @@ class AttentionBackend:
             return (
                 f"{who} runs on {' and '.join(cls.device_types)} devices; "
                 f"{platform.describe_device()} is a {platform.device_type or 'non-torch'} device"
+            )
+        if cls.uses_triton and not platform.runs_triton:
+            return (
+                f"{who} runs Triton kernels, and {platform.describe_device()} (a "
+                f"{platform.device_type or 'non-torch'} device) does not run Triton: its "
+                "platform's runs_triton is False"
             )
         if cls.head_sizes is not None and model.head_size not in cls.head_sizes:
             return (
@@ -331,13 +342,24 @@ class AttentionBackend:
         :raises ValueError: an argument has the wrong type, shape, dtype or
             device, or a step prepared for another cache (the message names it).
         """
-        self.check_inputs(query, key, value, key_cache, value_cache, metadata_of(metadata))
-        step = self._step(metadata, key_cache)
-        check_scale("k_scale", k_scale, query)
-        check_scale("v_scale", v_scale, query)
-        return self.attend(
-            query, key, value, key_cache, value_cache, step, k_scale=k_scale, v_scale=v_scale
+        from hwplug.attention.call import AttentionCall
+
+        return self.forward_call(
+            AttentionCall(query, key, value, key_cache, value_cache, metadata, k_scale, v_scale)
         )
+
+    def forward_call(self, call: AttentionCall) -> torch.Tensor:
+        """:meth:`forward` with its arguments in one :class:`~hwplug.attention.AttentionCall`.
+
+        :raises ValueError: as :meth:`forward`.
+        """
+        self.check_inputs(call)
+        step = self._step(call.step, call.key_cache)
+        check_scale("k_scale", call.k_scale, call.query)
+        check_scale("v_scale", call.v_scale, call.query)
+        if step is not call.step:
+            call = dataclasses.replace(call, step=step)
+        return self.attend(call)
 
     def _step(self, metadata: Any, key_cache: Any) -> Any:
         """The prepared step :meth:`attend` takes, preparing raw metadata when this
@@ -369,32 +391,13 @@ class AttentionBackend:
             )
         return metadata
 
-    def attend(
-        self,
-        query: torch.Tensor,
-        key: torch.Tensor,
-        value: torch.Tensor,
-        key_cache: torch.Tensor,
-        value_cache: torch.Tensor,
-        step: Any,
-        *,
-        k_scale: float | torch.Tensor,
-        v_scale: float | torch.Tensor,
-    ) -> torch.Tensor:
-        """The backend's work, called by :meth:`forward` with checked arguments and
-        the prepared step (:meth:`prepare`'s result)."""
+    def attend(self, call: AttentionCall) -> torch.Tensor:
+        """The backend's work, called by :meth:`forward` with checked arguments;
+        ``call.step`` is the prepared step (:meth:`prepare`'s result)."""
         raise NotImplementedError(f"{type(self).__name__} must implement attend()")
 
-    def check_inputs(
-        self,
-        query: Any,
-        key: Any,
-        value: Any,
-        key_cache: Any,
-        value_cache: Any,
-        metadata: Any,
-    ) -> None:
-        """Check types, shapes, dtypes and devices of :meth:`forward`'s tensors.
+    def check_inputs(self, call: AttentionCall) -> None:
+        """Check types, shapes, dtypes and devices of a call's tensors.
 
         Reads no tensor values (safe inside graph capture).
 
@@ -404,6 +407,9 @@ class AttentionBackend:
 
         from hwplug.attention.metadata import AttentionMetadata
         from hwplug.kernels.paged_kv import shares_memory
+
+        query, key, value = call.query, call.key, call.value
+        key_cache, value_cache, metadata = call.key_cache, call.value_cache, call.metadata
 
         h, kvh, d = self.num_heads, self.num_kv_heads, self.head_size
         _check_tensor("query", query, (None, h, d), "[num_tokens, num_heads, head_size]")

@@ -22,8 +22,6 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, TypeVar
 
 if TYPE_CHECKING:
-    import torch
-
     from hwplug.attention.metadata import AttentionMetadata
 
 __all__ = ["current_step", "forward_context", "step_for"]
@@ -59,13 +57,8 @@ def current_step() -> Any:
     return _current.get()
 
 
-def step_for(
-    query_start_loc: torch.Tensor,
-    seq_lens: torch.Tensor,
-    block_table: torch.Tensor,
-    slot_mapping: torch.Tensor,
-) -> Any:
-    """The current prepared step when it describes exactly these metadata tensors
+def step_for(metadata: AttentionMetadata) -> Any:
+    """The current prepared step when it describes exactly ``metadata``'s tensors
     (same memory, shapes and strides), else None."""
     prepared = _current.get()
     if prepared is None:
@@ -73,12 +66,8 @@ def step_for(
     from hwplug.attention.base import metadata_of
 
     meta: AttentionMetadata = metadata_of(prepared)
-    for mine, given in (
-        (meta.query_start_loc, query_start_loc),
-        (meta.seq_lens, seq_lens),
-        (meta.block_table, block_table),
-        (meta.slot_mapping, slot_mapping),
-    ):
+    for name in ("query_start_loc", "seq_lens", "block_table", "slot_mapping"):
+        mine, given = getattr(meta, name), getattr(metadata, name)
         if mine is given:
             continue
         try:

@@ -506,11 +506,21 @@ def _slots(slot_mapping: Any) -> torch.Tensor:
     return torch.tensor(list(slot_mapping), dtype=torch.int64)
 
 
+def _pins_host_memory(device: torch.device) -> bool:
+    """Whether copies to ``device`` go through pinned host memory: the platform answers."""
+    from hwplug.core.session import platform_for_device
+
+    if device.type == "cpu":  # a host-to-host copy
+        return False
+    platform = platform_for_device(device.type)
+    return platform is not None and platform.pins_host_memory
+
+
 def _to_device(
     host: dict[str, torch.Tensor], device: torch.device, out: AttentionMetadata | None
 ) -> dict[str, torch.Tensor]:
     """One copy per tensor: into fresh device tensors, or into ``out``'s leading slices."""
-    pin = device.type == "cuda"
+    pin = _pins_host_memory(device)
     result = {}
     for name, tensor in host.items():
         if pin:

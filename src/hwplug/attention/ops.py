@@ -11,6 +11,7 @@ module imports torch only inside its functions.
 
 from __future__ import annotations
 
+import contextlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -86,48 +87,23 @@ def unified_attention(
     memory on every replay, as the graph it was captured with expects.
     """
     op = _op if _op is not None else register_unified_attention()
-    from hwplug.attention._unified_op import OP_WITH_OUTPUT, as_scale_tensor
-    from hwplug.attention.base import check_scale
+    from hwplug.attention._unified_op import OP_WITH_OUTPUT, op_arguments
+    from hwplug.attention.base import PreparedStep, check_scale
+    from hwplug.attention.call import AttentionCall
 
     # A float scale becomes a tensor here, past forward()'s own check: check it first.
     check_scale("k_scale", k_scale, query)
     check_scale("v_scale", v_scale, query)
+    call = AttentionCall(query, key, value, key_cache, value_cache, metadata, k_scale, v_scale)
+    with contextlib.ExitStack() as stack:
+        if isinstance(metadata, PreparedStep):
+            from hwplug.attention.context import forward_context
 
-    from hwplug.attention.base import PreparedStep, metadata_of
-
-    if isinstance(metadata, PreparedStep):
-        from hwplug.attention.context import forward_context
-
-        with forward_context(metadata):
-            return unified_attention(
-                query,
-                key,
-                value,
-                key_cache,
-                value_cache,
-                metadata_of(metadata),
-                backend=backend,
-                scale=scale,
-                sliding_window=sliding_window,
-                k_scale=k_scale,
-                v_scale=v_scale,
-                out=out,
-            )
-    tail = (
-        key_cache,
-        value_cache,
-        metadata.query_start_loc,
-        metadata.seq_lens,
-        metadata.block_table,
-        metadata.slot_mapping,
-        as_scale_tensor(k_scale, query),
-        as_scale_tensor(v_scale, query),
-        backend,
-        float(scale),
-        sliding_window,
-    )
-    if out is not None:
-        OP_WITH_OUTPUT(query, key, value, out, *tail)
+            stack.enter_context(forward_context(metadata))
+        layer = (backend, float(scale), sliding_window)
+        if out is None:
+            result: torch.Tensor = op(*op_arguments(call), *layer)
+            return result
+        tensors = op_arguments(call)
+        OP_WITH_OUTPUT(*tensors[:3], out, *tensors[3:], *layer)
         return out
-    result: torch.Tensor = op(query, key, value, *tail)
-    return result

@@ -26,12 +26,13 @@ import threading
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from hwplug.attention.base import AttentionBackend, PreparedStep, metadata_of
+from hwplug.attention.base import AttentionBackend, PreparedStep
 from hwplug.core.graphs import AttentionGraphSupport
 
 if TYPE_CHECKING:
     import torch
 
+    from hwplug.attention.call import AttentionCall
     from hwplug.attention.metadata import AttentionMetadata
 
 __all__ = ["TorchAttentionBackend", "TorchAttentionStep"]
@@ -57,34 +58,25 @@ class TorchAttentionBackend(AttentionBackend):
         checked = super().prepare(metadata, num_blocks=num_blocks, block_size=block_size)
         return TorchAttentionStep(checked, num_blocks, block_size)
 
-    def attend(
-        self,
-        query: torch.Tensor,
-        key: torch.Tensor,
-        value: torch.Tensor,
-        key_cache: torch.Tensor,
-        value_cache: torch.Tensor,
-        step: object,
-        *,
-        k_scale: float | torch.Tensor,
-        v_scale: float | torch.Tensor,
-    ) -> torch.Tensor:
+    def attend(self, call: AttentionCall) -> torch.Tensor:
         import torch
 
         from hwplug.kernels import reference
         from hwplug.kernels.formats import FP8_FORMATS
 
+        query, key_cache, value_cache = call.query, call.key_cache, call.value_cache
+        k_scale, v_scale = call.k_scale, call.v_scale
         plan = (
-            step
-            if isinstance(step, TorchAttentionStep)
+            call.step
+            if isinstance(call.step, TorchAttentionStep)
             else type(self).prepare(
-                metadata_of(step),
+                call.metadata,
                 num_blocks=int(key_cache.shape[0]),
                 block_size=int(key_cache.shape[1]),
             )
         )
-        reference.write_slots(plan.written(key), key_cache, plan.write_slots, k_scale)
-        reference.write_slots(plan.written(value), value_cache, plan.write_slots, v_scale)
+        reference.write_slots(plan.written(call.key), key_cache, plan.write_slots, k_scale)
+        reference.write_slots(plan.written(call.value), value_cache, plan.write_slots, v_scale)
 
         out = torch.zeros_like(query)
         fp8 = key_cache.dtype in FP8_FORMATS

@@ -8,7 +8,8 @@ depends on shapes alone, so it can be captured in a full CUDA graph
 values are checked once, from the metadata's host values, and the metadata
 itself is what every layer takes.
 
-Limits: devices of type ``cuda`` (CUDA and ROCm) and ``xpu``; head sizes
+Limits: the devices of platforms that run Triton (``runs_triton``: CUDA,
+ROCm and XPU among the built-ins); head sizes
 that are multiples of 16 from 32 to 256 (padded to a power of two inside the
 kernel); any block size; bfloat16, float16 and float32 models; caches in
 those dtypes or fp8 (``float8_e4m3fn``, ``float8_e4m3fnuz``, ``float8_e5m2``,
@@ -20,7 +21,6 @@ This module does not import torch or triton; :meth:`attend` does.
 
 from __future__ import annotations
 
-import importlib.util
 import os
 from typing import TYPE_CHECKING
 
@@ -30,7 +30,7 @@ from hwplug.core.graphs import AttentionGraphSupport
 if TYPE_CHECKING:
     import torch
 
-    from hwplug.attention.metadata import AttentionMetadata
+    from hwplug.attention.call import AttentionCall
 
 __all__ = ["TritonAttentionBackend"]
 
@@ -41,56 +41,26 @@ def _interpret_requested() -> bool:
     return os.environ.get("TRITON_INTERPRET", "").strip().lower() in _TRUE_WORDS
 
 
-def _unavailable_reason(device: torch.device) -> str | None:
-    """Why the kernel cannot run on tensors on ``device``, or None."""
-    from hwplug.kernels import triton_unavailable_reason
-
-    if device.type == "xpu" and not _interpret_requested():
-        if importlib.util.find_spec("triton") is None:
-            return "the triton package is not installed (pip install 'hwplug[triton]')"
-        return None
-    return triton_unavailable_reason(device)
-
-
 class TritonAttentionBackend(AttentionBackend):
     """Paged attention in one Triton kernel; capturable in full CUDA graphs."""
 
     name = "triton"
     graph_support = AttentionGraphSupport.ALWAYS
-    device_types = ("cuda", "xpu")
+    uses_triton = True  # the platforms that run Triton: CUDA, ROCm, XPU among the built-ins
     head_sizes = range(32, 257, 16)
     model_dtypes = ("bfloat16", "float16", "float32")
     cache_dtypes = ("auto", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2")
 
-    def attend(
-        self,
-        query: torch.Tensor,
-        key: torch.Tensor,
-        value: torch.Tensor,
-        key_cache: torch.Tensor,
-        value_cache: torch.Tensor,
-        step: AttentionMetadata | object,
-        *,
-        k_scale: float | torch.Tensor,
-        v_scale: float | torch.Tensor,
-    ) -> torch.Tensor:
-        from hwplug.attention.base import metadata_of
+    def attend(self, call: AttentionCall) -> torch.Tensor:
+        from hwplug.kernels import triton_unavailable_reason
 
-        metadata = metadata_of(step)
-        reason = _unavailable_reason(query.device)
+        reason = triton_unavailable_reason(call.query.device)
         if reason is not None:
             raise RuntimeError(f"the triton attention backend cannot run here: {reason}")
         from hwplug.attention import _triton_unified
 
         return _triton_unified.unified_attention(
-            query,
-            key,
-            value,
-            key_cache,
-            value_cache,
-            metadata,
-            k_scale,
-            v_scale,
+            call,
             scale=self.scale,
             sliding_window=self.sliding_window,
             interpret=_interpret_requested(),

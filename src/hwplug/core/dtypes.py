@@ -48,11 +48,12 @@ class CacheDtypeFormat:
     """One ``cache.cache_dtype`` string and what it stores.
 
     ``torch_name`` is the torch dtype it stores, or None where it depends on
-    the model (``auto``) or the platform (``fp8``: the platform's
-    ``fp8_dtype()``). ``fnuz_torch_name`` replaces it on platforms whose fp8
-    uses the FNUZ encoding. A format with ``listed_only`` exists only on the
-    platforms that list it in ``cache_dtypes`` (a vendor's own format);
-    ``note`` says what it is, for messages.
+    the model (``auto``) or the platform (``fp8``, and a platform's own name
+    for its fp8 cache: the platform's ``fp8_dtype()``). ``fnuz_torch_name``
+    replaces it on platforms whose fp8 uses the FNUZ encoding. A format with
+    ``listed_only`` exists only on the platforms that list it in
+    ``cache_dtypes`` (a vendor's own format); ``note`` says what it is, for
+    messages.
     """
 
     name: str
@@ -71,9 +72,10 @@ CACHE_DTYPE_FORMATS: dict[str, CacheDtypeFormat] = {
         CacheDtypeFormat("fp8", None, fp8=True, note="the platform's preferred fp8 format"),
         CacheDtypeFormat("fp8_e4m3", "float8_e4m3fn", fp8=True, fnuz_torch_name="float8_e4m3fnuz"),
         CacheDtypeFormat("fp8_e5m2", "float8_e5m2", fp8=True),
+        # stored as the fp8_dtype() of the platform that lists it (its fp8_cache_dtype)
         CacheDtypeFormat(
             "fp8_inc",
-            "float8_e4m3fn",
+            None,
             fp8=True,
             listed_only=True,
             note="the Intel Gaudi (HPU) format",

@@ -284,6 +284,15 @@ class Platform:
     fits_graph_mode_to_attention: ClassVar[bool] = True
     """Whether resolution fits ``compilation.cudagraph_mode`` to the attention backend's
     graph support (CUDA-style graphs; HPU graphs hold the attention and opt out)."""
+    runs_triton: ClassVar[bool] = False
+    """Whether Triton compiles kernels for this platform's devices (tensors of type
+    :attr:`device_type`); hwplug's Triton kernels and ``triton`` attention ask it."""
+    pins_host_memory: ClassVar[bool] = False
+    """Whether host-to-device copies (per-step attention metadata) go through pinned
+    (page-locked) host memory, so they can run without blocking the host."""
+    fp8_cache_dtype: ClassVar[str] = "fp8"
+    """The ``cache.cache_dtype`` string that stores :meth:`fp8_dtype` here (a platform
+    whose fp8 cache has its own name sets it)."""
 
     def __init__(
         self,

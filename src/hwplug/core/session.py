@@ -33,6 +33,7 @@ __all__ = [
     "SessionProtocol",
     "activated",
     "active_session",
+    "platform_for_device",
     "set_default",
 ]
 
@@ -112,6 +113,19 @@ def active_session(purpose: str | None = None) -> SessionProtocol | None:
         f"{purpose} needs a session: pass one (or a platform) explicitly, or import hwplug, "
         "whose default session is then used"
     )
+
+
+def platform_for_device(device_type: str) -> Platform | None:
+    """The active session's platform when its devices are torch ``device_type`` devices,
+    else None (also without a session): the platform that answers for tensors there.
+
+    May detect the platform (once per session); never initialises a device runtime.
+    """
+    session = active_session()
+    if session is None:
+        return None
+    platform = session.platform
+    return platform if platform.device_type == device_type else None
 
 
 @contextlib.contextmanager

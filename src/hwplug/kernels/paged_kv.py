@@ -8,9 +8,9 @@ scale; :func:`compute_kv_scales` derives that scale from the data, which is
 how ``CacheConfig.calculate_kv_scales=True`` is served.
 
 Two backends do the work: ``"torch"``, the pure-torch reference, and
-``"triton"``, which runs on GPUs and, with ``TRITON_INTERPRET=1``, on CPU
-tensors through Triton's interpreter. For the same input both store the same
-bytes (see :mod:`hwplug.kernels._triton_kv` for why that takes care).
+``"triton"``, which runs on the devices of platforms that run Triton and, with
+``TRITON_INTERPRET=1``, on CPU tensors through Triton's interpreter. For the
+same input both store the same bytes (see :mod:`hwplug.kernels._triton_kv` for why that takes care).
 """
 
 from __future__ import annotations
@@ -74,23 +74,36 @@ def _triton_import_problem() -> str | None:
 def triton_unavailable_reason(device: torch.device | str) -> str | None:
     """Why the Triton kernels cannot run on tensors on ``device``, or None when they can.
 
-    They run on CUDA and ROCm GPUs, and on CPU tensors when ``TRITON_INTERPRET=1``
-    is set at the time of the call. Never initialises a device runtime.
+    They run on the devices of a platform that runs Triton (its ``runs_triton``:
+    the active session's platform answers for tensors of its ``device_type``),
+    and on CPU tensors, or such a platform's, in Triton's interpreter when
+    ``TRITON_INTERPRET=1`` is set at the time of the call. Never initialises a
+    device runtime.
     """
+    from hwplug.core.session import platform_for_device
+
     device = torch.device(device)
     interpret = _interpret_requested()
-    if interpret and device.type not in ("cpu", "cuda"):
-        return (
-            f"Triton's interpreter (TRITON_INTERPRET=1) runs cpu and cuda tensors, "
-            f"not {device.type} tensors"
-        )
-    if not interpret and device.type == "cpu":
-        return (
-            "the tensors are on the CPU and TRITON_INTERPRET is not set; set "
-            "TRITON_INTERPRET=1 to run the kernels in Triton's interpreter"
-        )
-    if not interpret and device.type != "cuda":
-        return f"the Triton kernels run on CUDA and ROCm GPUs, not on {device.type} tensors"
+    if device.type == "cpu":
+        if not interpret:
+            return (
+                "the tensors are on the CPU and TRITON_INTERPRET is not set; set "
+                "TRITON_INTERPRET=1 to run the kernels in Triton's interpreter"
+            )
+    else:
+        platform = platform_for_device(device.type)
+        if platform is None or not platform.runs_triton:
+            why = (
+                f"the session's platform has no {device.type} devices"
+                if platform is None
+                else f"the {platform.name} platform does not run Triton (its runs_triton)"
+            )
+            if interpret:
+                return (
+                    "Triton's interpreter (TRITON_INTERPRET=1) runs CPU tensors and those of "
+                    f"a platform that runs Triton, not {device.type} tensors: {why}"
+                )
+            return f"the Triton kernels do not run on {device.type} tensors: {why}"
     if interpret and importlib.util.find_spec("numpy") is None:
         return "Triton's interpreter needs numpy, which is not installed"
     return _triton_import_problem()

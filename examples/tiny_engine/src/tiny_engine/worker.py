@@ -22,6 +22,7 @@ import torch
 import hwplug
 from hwplug.core import distributed
 from hwplug.core.config import EngineConfig
+from hwplug.core.dtypes import is_fp8_cache
 from hwplug.core.kv_cache import STR_DTYPE_TO_TORCH_DTYPE, cache_dtype_to_torch
 from hwplug.core.platform import Platform
 from tiny_engine.checkpoint import iter_weights, read_checkpoint
@@ -29,8 +30,6 @@ from tiny_engine.model import CausalLM, Sharding, load_weights
 from tiny_engine.runner import ModelRunner, StepInput
 
 __all__ = ["Worker", "WorkerSpec"]
-
-_FP8 = ("fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc")
 
 TP_GROUP = "tp"
 """The name the tensor-parallel communicator is registered under (hwplug's collective ops)."""
@@ -157,7 +156,7 @@ class Worker:
             self.runner.warm_up()
             self.captured = self.runner.capture()
             self.compile_seconds = time.perf_counter() - start
-            if cfg.cache.cache_dtype in _FP8 and cfg.cache.calculate_kv_scales:
+            if is_fp8_cache(cfg.cache.cache_dtype) and cfg.cache.calculate_kv_scales:
                 # Scales come from the first real step, run eagerly; graphs read the buffers.
                 for layer in self.model.attention_layers():
                     layer.calculate_scales = True

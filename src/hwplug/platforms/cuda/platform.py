@@ -69,6 +69,8 @@ class CudaPlatform(VendorPlatform):
     profile_table = PROFILES
     custom_op_forward = "forward_cuda"
     attention_order = ("triton", "torch")
+    runs_triton = True
+    pins_host_memory = True
 
     # -- discovery -----------------------------------------------------------
     @classmethod

@@ -49,6 +49,7 @@ class HpuPlatform(VendorPlatform):
     """Device feature flag of the generations with fp8 (Gaudi 2 and later)."""
     fp8_dtype_name = "float8_e4m3fn"
     """Storage type of ``fp8_inc``; there is no plain ``fp8`` on Gaudi."""
+    fp8_cache_dtype = "fp8_inc"
 
     model_dtypes = ("bfloat16",)
 

@@ -62,6 +62,8 @@ class RocmPlatform(VendorPlatform):
     profile_table = PROFILES
     custom_op_forward = "forward_hip"
     attention_order = ("triton", "torch")
+    runs_triton = True
+    pins_host_memory = True
 
     # -- discovery -----------------------------------------------------------
     @classmethod

@@ -68,6 +68,8 @@ class XpuPlatform(VendorPlatform):
     profile_table = PROFILES
     custom_op_forward = "forward_xpu"
     attention_order = ("triton", "torch")
+    runs_triton = True
+    pins_host_memory = True
 
     # -- discovery -----------------------------------------------------------
     @classmethod
