@@ -78,8 +78,13 @@ def _local_imports(path: Path) -> list[tuple[int, str, bool]]:
             else:
                 continue
             if module.startswith(("hwplug", ".")):
-                above = lines[node.lineno - 2].strip() if node.lineno > 1 else ""
-                commented = above.startswith("#") or "#" in lines[node.lineno - 1]
+                # The comment may stand above a group of such imports.
+                above = node.lineno - 2
+                while above >= 0 and lines[above].strip().startswith(("from hwplug", "import")):
+                    above -= 1
+                commented = "#" in lines[node.lineno - 1] or (
+                    above >= 0 and lines[above].strip().startswith("#")
+                )
                 found.append((node.lineno, module, commented))
     return found
 

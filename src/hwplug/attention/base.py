@@ -19,13 +19,13 @@ import numbers
 from collections.abc import Collection
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from hwplug.attention.call import AttentionCall
+from hwplug.attention.metadata import AttentionMetadata, PreparedStep, metadata_of
 from hwplug.core.graphs import AttentionGraphSupport
 
 if TYPE_CHECKING:
     import torch
 
-    from hwplug.attention.call import AttentionCall
-    from hwplug.attention.metadata import AttentionMetadata
     from hwplug.core.config import EngineConfig
     from hwplug.core.platform import Platform
 
@@ -60,34 +60,6 @@ def describe_sizes(sizes: Collection[int]) -> str:
             return f"every multiple of {sizes.step} from {sizes.start} to {last}"
         return f"every {sizes.step}th size from {sizes.start} to {last}"
     return ", ".join(str(s) for s in sorted(sizes))
-
-
-class PreparedStep:
-    """What a backend's :meth:`AttentionBackend.prepare` derived from one step.
-
-    Subclasses add the backend's own per-step structures. Every layer of the
-    step passes it to ``forward``; it lives for one step (nothing is cached
-    between steps).
-    """
-
-    metadata: AttentionMetadata
-    """The step's metadata."""
-    num_blocks: int
-    """The number of blocks of the caches it was prepared for."""
-    block_size: int
-    """Their block size."""
-
-    def __init__(self, metadata: AttentionMetadata, num_blocks: int, block_size: int) -> None:
-        self.metadata = metadata
-        self.num_blocks = num_blocks
-        self.block_size = block_size
-
-
-def metadata_of(step: object) -> AttentionMetadata:
-    """The metadata of a prepared step (a :class:`PreparedStep`, or metadata itself)."""
-    if isinstance(step, PreparedStep):
-        return step.metadata
-    return step  # type: ignore[return-value]
 
 
 def _positive_int(name: str, value: object) -> int:
@@ -251,6 +223,7 @@ class AttentionBackend:
     def _parse_cache_dtype(self, cache_dtype: object) -> torch.dtype | None:
         import torch
 
+        # lazy: torch; `import hwplug` (which lists the backends) stays light
         from hwplug.kernels.formats import CACHE_DTYPES
 
         allowed_names = ", ".join(CACHE_DTYPE_NAMES)
@@ -303,7 +276,6 @@ class AttentionBackend:
         """
         _positive_int("num_blocks", num_blocks)
         _positive_int("block_size", block_size)
-        from hwplug.attention.metadata import AttentionMetadata
 
         if not isinstance(metadata, AttentionMetadata):
             raise ValueError(
@@ -342,7 +314,6 @@ class AttentionBackend:
         :raises ValueError: an argument has the wrong type, shape, dtype or
             device, or a step prepared for another cache (the message names it).
         """
-        from hwplug.attention.call import AttentionCall
 
         return self.forward_call(
             AttentionCall(query, key, value, key_cache, value_cache, metadata, k_scale, v_scale)
@@ -365,8 +336,6 @@ class AttentionBackend:
         """The prepared step :meth:`attend` takes, preparing raw metadata when this
         backend prepares anything beyond the metadata itself."""
         import torch
-
-        from hwplug.attention.metadata import AttentionMetadata
 
         if isinstance(metadata, PreparedStep):
             if isinstance(key_cache, torch.Tensor) and key_cache.dim() == 4:
@@ -405,7 +374,7 @@ class AttentionBackend:
         """
         import torch
 
-        from hwplug.attention.metadata import AttentionMetadata
+        # lazy: torch; `import hwplug` (which lists the backends) stays light
         from hwplug.kernels.paged_kv import shares_memory
 
         query, key, value = call.query, call.key, call.value

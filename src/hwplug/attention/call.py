@@ -14,10 +14,10 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING, Any
 
+from hwplug.attention.metadata import AttentionMetadata, metadata_of
+
 if TYPE_CHECKING:
     import torch
-
-    from hwplug.attention.metadata import AttentionMetadata
 
 __all__ = ["AttentionCall"]
 
@@ -47,6 +47,4 @@ class AttentionCall:
     @property
     def metadata(self) -> AttentionMetadata:
         """The step's metadata (``step`` itself, or the metadata it was prepared from)."""
-        from hwplug.attention.base import metadata_of
-
         return metadata_of(self.step)

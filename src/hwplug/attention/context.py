@@ -19,10 +19,9 @@ from __future__ import annotations
 import contextlib
 import contextvars
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
-if TYPE_CHECKING:
-    from hwplug.attention.metadata import AttentionMetadata
+from hwplug.attention.metadata import AttentionMetadata, metadata_of
 
 __all__ = ["current_step", "forward_context", "step_for"]
 
@@ -37,9 +36,6 @@ _current: contextvars.ContextVar[Any] = contextvars.ContextVar(
 def forward_context(prepared: _T) -> Iterator[_T]:
     """Run the model's attention layers with ``prepared`` (what the backend's
     ``prepare`` returned for this step); restores the previous step on exit."""
-    from hwplug.attention.base import metadata_of
-    from hwplug.attention.metadata import AttentionMetadata
-
     if not isinstance(metadata_of(prepared), AttentionMetadata):
         raise ValueError(
             "forward_context() takes what a backend's prepare() returned (an "
@@ -63,7 +59,6 @@ def step_for(metadata: AttentionMetadata) -> Any:
     prepared = _current.get()
     if prepared is None:
         return None
-    from hwplug.attention.base import metadata_of
 
     meta: AttentionMetadata = metadata_of(prepared)
     for name in ("query_start_loc", "seq_lens", "block_table", "slot_mapping"):

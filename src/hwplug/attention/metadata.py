@@ -16,10 +16,12 @@ import numbers
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from hwplug.core.session import platform_for_device
+
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["AttentionMetadata"]
+__all__ = ["AttentionMetadata", "PreparedStep", "metadata_of"]
 
 _FIELDS = (
     ("query_start_loc", "int32", 1, "[num_seqs + 1]"),
@@ -508,8 +510,6 @@ def _slots(slot_mapping: Any) -> torch.Tensor:
 
 def _pins_host_memory(device: torch.device) -> bool:
     """Whether copies to ``device`` go through pinned host memory: the platform answers."""
-    from hwplug.core.session import platform_for_device
-
     if device.type == "cpu":  # a host-to-host copy
         return False
     platform = platform_for_device(device.type)
@@ -554,3 +554,31 @@ def _to_device(
         view.copy_(tensor, non_blocking=pin)
         result[name] = view
     return result
+
+
+class PreparedStep:
+    """What a backend's :meth:`AttentionBackend.prepare` derived from one step.
+
+    Subclasses add the backend's own per-step structures. Every layer of the
+    step passes it to ``forward``; it lives for one step (nothing is cached
+    between steps).
+    """
+
+    metadata: AttentionMetadata
+    """The step's metadata."""
+    num_blocks: int
+    """The number of blocks of the caches it was prepared for."""
+    block_size: int
+    """Their block size."""
+
+    def __init__(self, metadata: AttentionMetadata, num_blocks: int, block_size: int) -> None:
+        self.metadata = metadata
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+
+
+def metadata_of(step: object) -> AttentionMetadata:
+    """The metadata of a prepared step (a :class:`PreparedStep`, or metadata itself)."""
+    if isinstance(step, PreparedStep):
+        return step.metadata
+    return step  # type: ignore[return-value]

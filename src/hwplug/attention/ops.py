@@ -14,11 +14,13 @@ from __future__ import annotations
 import contextlib
 from typing import TYPE_CHECKING, Any
 
+from hwplug.attention.base import check_scale
+from hwplug.attention.call import AttentionCall
+from hwplug.attention.context import forward_context
+from hwplug.attention.metadata import AttentionMetadata, PreparedStep
+
 if TYPE_CHECKING:
     import torch
-
-    from hwplug.attention.base import PreparedStep
-    from hwplug.attention.metadata import AttentionMetadata
 
 __all__ = ["OP_NAME", "OP_WITH_OUTPUT_NAME", "register_unified_attention", "unified_attention"]
 
@@ -42,6 +44,7 @@ def register_unified_attention() -> Any:
     """
     global _op
     if _op is None:
+        # lazy: torch; `import hwplug` (which lists the backends) stays light
         from hwplug.attention import _unified_op
 
         _op = _unified_op.OP
@@ -87,9 +90,8 @@ def unified_attention(
     memory on every replay, as the graph it was captured with expects.
     """
     op = _op if _op is not None else register_unified_attention()
+    # lazy: the custom op imports torch; `import hwplug` stays light
     from hwplug.attention._unified_op import OP_WITH_OUTPUT, op_arguments
-    from hwplug.attention.base import PreparedStep, check_scale
-    from hwplug.attention.call import AttentionCall
 
     # A float scale becomes a tensor here, past forward()'s own check: check it first.
     check_scale("k_scale", k_scale, query)
@@ -97,8 +99,6 @@ def unified_attention(
     call = AttentionCall(query, key, value, key_cache, value_cache, metadata, k_scale, v_scale)
     with contextlib.ExitStack() as stack:
         if isinstance(metadata, PreparedStep):
-            from hwplug.attention.context import forward_context
-
             stack.enter_context(forward_context(metadata))
         layer = (backend, float(scale), sliding_window)
         if out is None:

@@ -61,6 +61,7 @@ class TorchAttentionBackend(AttentionBackend):
     def attend(self, call: AttentionCall) -> torch.Tensor:
         import torch
 
+        # lazy: torch; `import hwplug` (which lists the backends) stays light
         from hwplug.kernels import reference
         from hwplug.kernels.formats import FP8_FORMATS
 
@@ -322,6 +323,7 @@ class _Pages:
     ) -> None:
         import torch
 
+        # lazy: torch; `import hwplug` (which lists the backends) stays light
         from hwplug.kernels.formats import FP8_FORMATS
 
         self.key_cache = key_cache

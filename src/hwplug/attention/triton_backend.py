@@ -52,11 +52,13 @@ class TritonAttentionBackend(AttentionBackend):
     cache_dtypes = ("auto", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2")
 
     def attend(self, call: AttentionCall) -> torch.Tensor:
+        # lazy: torch; `import hwplug` (which lists the backends) stays light
         from hwplug.kernels import triton_unavailable_reason
 
         reason = triton_unavailable_reason(call.query.device)
         if reason is not None:
             raise RuntimeError(f"the triton attention backend cannot run here: {reason}")
+        # lazy: torch and triton; `import hwplug` (which lists the backends) stays light
         from hwplug.attention import _triton_unified
 
         return _triton_unified.unified_attention(

@@ -23,6 +23,7 @@ from typing import Literal
 
 import torch
 
+from hwplug.core.session import platform_for_device
 from hwplug.kernels import reference
 from hwplug.kernels.formats import CACHE_DTYPES, INPUT_DTYPES, fp8_format
 
@@ -80,8 +81,6 @@ def triton_unavailable_reason(device: torch.device | str) -> str | None:
     ``TRITON_INTERPRET=1`` is set at the time of the call. Never initialises a
     device runtime.
     """
-    from hwplug.core.session import platform_for_device
-
     device = torch.device(device)
     interpret = _interpret_requested()
     if device.type == "cpu":
@@ -378,6 +377,7 @@ def write_kv_cache(
         reference.write_rows(k, kc, slots, ks)
         reference.write_rows(v, vc, slots, vs)
         return
+    # lazy: triton loads only when a Triton kernel runs
     from hwplug.kernels import _triton_kv
 
     interpret = _interpret_requested()
@@ -418,6 +418,7 @@ def gather_kv_cache(
             reference.gather_rows(kc, slots, ks, dtype),
             reference.gather_rows(vc, slots, vs, dtype),
         )
+    # lazy: triton loads only when a Triton kernel runs
     from hwplug.kernels import _triton_kv
 
     interpret = _interpret_requested()
