@@ -143,7 +143,7 @@ def test_triton_forward_captures_and_replays_in_a_cuda_graph() -> None:
         cache_dtype=torch.float8_e4m3fn,
         padding=3,
         device="cuda",
-        extra_blocks=8,
+        num_blocks=24,
     )
     ks = torch.tensor(0.02, device="cuda")
     vs = torch.tensor(0.03, device="cuda")
@@ -180,7 +180,7 @@ def test_triton_forward_captures_and_replays_in_a_cuda_graph() -> None:
         cache_dtype=torch.float8_e4m3fn,
         padding=7,
         device="cuda",
-        extra_blocks=8,
+        num_blocks=24,
         seed=7,
     )
     assert nxt.query.shape == static.query.shape

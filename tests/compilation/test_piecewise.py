@@ -38,7 +38,7 @@ def _attention_op() -> Any:
     def unified_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         n = q.shape[0]
         scores = (q @ k.transpose(0, 1)) / q.shape[-1] ** 0.5
-        causal = torch.ones(n, n, dtype=torch.bool).tril()
+        causal = torch.ones(n, n, dtype=torch.bool, device=q.device).tril()
         return torch.softmax(scores.masked_fill(~causal, float("-inf")), dim=-1) @ v
 
     @unified_attention.register_fake

@@ -175,3 +175,19 @@ def test_piecewise_backend_captures_pieces_on_the_device() -> None:
             with graph_context(mode, key):
                 out = compiled(padded)[:n].clone()
             torch.testing.assert_close(out, model(x), rtol=1e-4, atol=1e-4)
+
+
+def test_a_capture_after_every_graph_was_freed_still_works() -> None:
+    """The shared pool outlives the graphs: freeing them all must not break the next capture."""
+    import gc
+
+    for value in (2.0, 3.0):
+        static = torch.ones(4, device="cuda")
+        wrapper = CUDAGraphWrapper(lambda x, v=value: x * v, graphs_config(), FULL)
+        key = BatchDescriptor(4)
+        with capture_phase(), graph_context(FULL, key):
+            out = wrapper(static)
+        torch.testing.assert_close(out, torch.full((4,), value, device="cuda"))
+        del wrapper, out, static
+        gc.collect()
+        torch.cuda.synchronize()

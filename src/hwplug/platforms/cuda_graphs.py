@@ -56,6 +56,7 @@ class CudaGraphBackend:
 
     name = "cuda"
     _pool: ClassVar[Any] = None
+    _pool_keeper: ClassVar[Any] = None
     _lock: ClassVar[threading.Lock] = threading.Lock()
     _shared: ClassVar[CudaGraphBackend | None] = None
 
@@ -88,8 +89,28 @@ class CudaGraphBackend:
                         "wrapper (graph_backend= to PiecewiseBackend), or set "
                         "compilation.cudagraph_mode=NONE"
                     )
-                CudaGraphBackend._pool = torch.cuda.graph_pool_handle()
+                pool = torch.cuda.graph_pool_handle()
+                CudaGraphBackend._pool_keeper = self._keep_alive(pool)
+                CudaGraphBackend._pool = pool
             return CudaGraphBackend._pool
+
+    def _keep_alive(self, pool: Any) -> Any:
+        """A one-kernel graph captured into ``pool`` and kept for the process's life.
+
+        The caching allocator counts the graphs that use a pool and retires the
+        pool when the count reaches zero; a later capture into the retired pool
+        fails an internal assertion. Engines keep their graphs, but a process
+        that frees every graph (a test suite, an engine rebuilt for another
+        model) would otherwise break the next capture.
+        """
+        import torch
+
+        scratch = torch.zeros(1, device=torch.cuda.current_device())
+        keeper = torch.cuda.CUDAGraph()
+        torch.cuda.synchronize()
+        with torch.cuda.graph(keeper, pool=pool, stream=self._side_stream()):
+            scratch.add_(1)
+        return keeper, scratch
 
     def _side_stream(self) -> torch.cuda.Stream:
         import torch
