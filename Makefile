@@ -3,6 +3,8 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+PLUGINS_STAMP := $(VENV)/.plugins-installed
+PLUGIN_SOURCES := $(shell find examples/acme_npu/src tests/vendor/zeta_tpu/src -name '*.py' 2>/dev/null)
 # The CPU build of torch is pinned for set-up here; pyproject.toml keeps a normal range.
 TORCH_PIN ?= torch==2.13.0
 
@@ -28,8 +30,13 @@ $(STAMP): $(BIN)/python pyproject.toml examples/acme_npu/pyproject.toml examples
 	$(BIN)/pip install --quiet --no-deps --no-build-isolation ./examples/acme_npu ./tests/vendor/zeta_tpu
 	# The example engine (its tests compare it with transformers and run its Ray executor).
 	$(BIN)/pip install --quiet --no-build-isolation -e "./examples/tiny_engine[checkpoints,ray]"
-	touch $(STAMP)
+	touch $(STAMP) $(PLUGINS_STAMP)
 	@echo "== set-up done: $(VENV)"
+
+# The plugins are installed as copies (as users get them): reinstall them when their code changes.
+$(PLUGINS_STAMP): $(STAMP) $(PLUGIN_SOURCES)
+	$(BIN)/pip install --quiet --no-deps --no-build-isolation --force-reinstall ./examples/acme_npu ./tests/vendor/zeta_tpu
+	touch $(PLUGINS_STAMP)
 
 setup: $(STAMP) ## create .venv and install hwplug with every extra the tests and docs need
 
@@ -51,7 +58,7 @@ imports: $(STAMP) ## the import-layering contracts (lint-imports)
 	$(BIN)/lint-imports
 
 # pytest exits 5 when it collects no test: that is not a failure of the suite.
-test: lint typecheck imports ## set up, then the linters, the contracts and the whole test suite
+test: lint typecheck imports $(PLUGINS_STAMP) ## set up, then the linters, the contracts and the whole test suite
 	$(BIN)/python -m pytest -q; rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected"; rc=0; fi; exit $$rc
 
 bench: $(STAMP) ## the benchmarks (JSON)
