@@ -263,7 +263,9 @@ class VLLMWorker(Worker):
 
     def generate(self, prompts: list[list[int]], max_tokens: list[int]) -> list[list[int]]:
         params = [
-            self.vllm.SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True, detokenize=False)
+            self.vllm.SamplingParams(
+                temperature=0.0, max_tokens=n, ignore_eos=True, detokenize=False
+            )
             for n in max_tokens
         ]
         inputs = [{"prompt_token_ids": p} for p in prompts]
@@ -400,7 +402,7 @@ def spawn(
     env = dict(os.environ)
     if engine == "tiny_engine":
         paths = [str(REPO / "src"), str(REPO / "examples" / "tiny_engine" / "src")]
-        env["PYTHONPATH"] = os.pathsep.join(paths + [env.get("PYTHONPATH", "")])
+        env["PYTHONPATH"] = os.pathsep.join([*paths, env.get("PYTHONPATH", "")])
     done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=args.timeout)
     for line in done.stdout.splitlines():
         if line.startswith("@@RESULT@@"):
