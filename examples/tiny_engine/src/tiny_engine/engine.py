@@ -362,11 +362,19 @@ class LLM:
             return self.pool.reset_prefix_cache()
 
     # -- generation -------------------------------------------------------------------------
-    def _check_prompts(self, prompts: Sequence[Sequence[int]], max_tokens: int) -> None:
-        if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
-            raise ValueError(f"max_tokens must be a positive integer, got {max_tokens!r}")
+    def _check_prompts(
+        self, prompts: Sequence[Sequence[int]], max_tokens: int | Sequence[int]
+    ) -> list[int]:
         if isinstance(prompts, (str, bytes)) or not isinstance(prompts, Sequence):
             raise ValueError("prompts must be a list of token-id lists")
+        limits = [max_tokens] * len(prompts) if isinstance(max_tokens, int) else max_tokens
+        if not isinstance(limits, Sequence) or len(limits) != len(prompts):
+            raise ValueError(
+                f"max_tokens must be a positive integer or one per prompt, got {max_tokens!r}"
+            )
+        for n in limits:
+            if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+                raise ValueError(f"max_tokens must be a positive integer, got {n!r}")
         limit = self.config.model.max_model_len
         vocab = self.spec.vocab_size
         for i, prompt in enumerate(prompts):
@@ -385,17 +393,20 @@ class LLM:
                     f"prompt {i} has {len(prompt)} tokens; model.max_model_len={limit} leaves "
                     f"room for prompts of at most {limit - 1}"
                 )
+        return list(limits)
 
     def generate(
         self,
         prompts: Sequence[Sequence[int]],
         *,
-        max_tokens: int,
+        max_tokens: int | Sequence[int],
         temperature: float = 0.0,
         seed: int | None = None,
         ignore_eos: bool = False,
     ) -> list[list[int]]:
         """Generate up to ``max_tokens`` tokens for each prompt (lists of token ids).
+
+        ``max_tokens`` is one limit for all, or one per prompt (a serving mix).
 
         Greedy at ``temperature`` below 1e-5; otherwise sampled from the softmax
         of the logits divided by ``temperature``, each prompt with its own
@@ -414,7 +425,7 @@ class LLM:
         :raises RuntimeError: the KV cache or the step budget is too small for
             a sequence to make progress.
         """
-        self._check_prompts(prompts, max_tokens)
+        limits = self._check_prompts(prompts, max_tokens)
         temperature = check_temperature(temperature)
         seed = check_seed(seed)
         if temperature < GREEDY_BELOW:
@@ -424,12 +435,12 @@ class LLM:
             if weights != self._weights_seen:
                 self.pool.reset_prefix_cache()
                 self._weights_seen = weights
-            return self._generate(prompts, max_tokens, temperature, seed, ignore_eos)
+            return self._generate(prompts, limits, temperature, seed, ignore_eos)
 
     def _generate(
         self,
         prompts: Sequence[Sequence[int]],
-        max_tokens: int,
+        max_tokens: list[int],
         temperature: float,
         seed: int | None,
         ignore_eos: bool,
@@ -449,7 +460,7 @@ class LLM:
             generator = None
             if temperature > 0:
                 generator = torch.Generator().manual_seed(sequence_seed(base, i))
-            seq = Seq(i, list(prompt), len(prompt), max_tokens, generator=generator)
+            seq = Seq(i, list(prompt), len(prompt), max_tokens[i], generator=generator)
             seqs.append(seq)
             scheduler.add(seq)
         eos = frozenset() if ignore_eos else frozenset(self.spec.eos_token_ids)
