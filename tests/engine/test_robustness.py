@@ -180,6 +180,19 @@ def test_unseeded_calls_draw_fresh_entropy(sampler: Any) -> None:
     assert len(runs) > 1
 
 
+def test_one_max_tokens_per_prompt(sampler: Any) -> None:
+    each = sampler.generate(PROMPTS, max_tokens=[2, 5, 3], ignore_eos=True)
+    assert [len(o) for o in each] == [2, 5, 3]
+    longest = sampler.generate(PROMPTS, max_tokens=5, ignore_eos=True)
+    assert [o[: len(e)] for o, e in zip(longest, each)] == each
+
+
+@pytest.mark.parametrize("limits", [[2, 5], [2, 5, 0], [2, True, 3], "abc", 0])
+def test_max_tokens_per_prompt_must_match_the_prompts(sampler: Any, limits: Any) -> None:
+    with pytest.raises(ValueError, match=r"^max_tokens must be a positive integer"):
+        sampler.generate(PROMPTS, max_tokens=limits)
+
+
 @pytest.mark.parametrize("seed", ["a", 1.5, b"1", [1], True])
 def test_a_seed_of_another_type_is_an_error_naming_seed(sampler: Any, seed: Any) -> None:
     with pytest.raises(ValueError, match=r"^seed must be an int or None"):
