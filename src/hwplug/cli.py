@@ -37,7 +37,6 @@ from rich.text import Text
 from hwplug import matrix as support
 from hwplug import resolve as run_resolve
 from hwplug._version import __version__
-from hwplug.conformance import KINDS, CheckContext, load_platform, run_checks
 from hwplug.core.config import EngineConfig
 from hwplug.core.config._common import check_depth
 from hwplug.core.config.engine import load_json
@@ -880,6 +879,9 @@ def conformance(
     ),
 ) -> int:
     """Check that a platform keeps hwplug's contract; exit status 1 when a check fails."""
+    # lazy: the conformance kit needs hypothesis (the test extra), loaded only when asked for
+    from hwplug.conformance import KINDS, CheckContext, load_platform, run_checks
+
     skip: dict[str, str] = {}
     for text in skips:
         check_id, sep, reason = text.partition("=")

@@ -43,7 +43,7 @@ def test_a_failing_check_exits_1(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(
-        hwplug.cli,
+        hwplug.conformance,
         "load_platform",
         lambda name, profile=None: broken.RefusedBlockNpu.simulate("acme-n2"),
     )

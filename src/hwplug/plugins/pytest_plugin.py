@@ -30,7 +30,6 @@ from typing import Any
 
 import pytest
 
-from hwplug.conformance import CHECKS, CheckContext, load_platform, run_one
 from hwplug.core.errors import ConfigError, PluginError, error_line
 from hwplug.core.platform import Platform, parse_profile_spec
 from hwplug.plugins.manager import Candidate, HwplugPluginManager, use_platform
@@ -231,6 +230,9 @@ class ConformanceItem(pytest.Item):
         self.check_id = check_id
 
     def runtest(self) -> None:
+        # lazy: the conformance kit needs hypothesis (the test extra), loaded only when asked for
+        from hwplug.conformance import CheckContext, load_platform, run_one
+
         cache = self.config.stash.setdefault(_CONFORMANCE, {})
         if self.platform_name not in cache:
             platform = load_platform(self.platform_name)
@@ -266,6 +268,8 @@ def pytest_collection_modifyitems(
     text = config.getoption("hwplug_conformance", default=None)
     if not text:
         return
+    # lazy: the conformance kit needs hypothesis (the test extra), loaded only when asked for
+    from hwplug.conformance import CHECKS, load_platform
 
     names = [part.strip().lower() for part in text.split(",") if part.strip()]
     if not names:
