@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
 from hwplug.core.dtypes import CACHE_DTYPE_FORMATS, canonical_dtype
 from hwplug.core.errors import ConfigError, PluginError, brief
 from hwplug.core.graphs import GraphWrapper
-from hwplug.core.runtime import DeviceRuntime
+from hwplug.core.runtime import DIST_TIMEOUT, DeviceRuntime
 
 FP8_TORCH_NAMES = ("float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2", "float8_e5m2fnuz")
 """The torch float8 dtypes hwplug's KV-cache kernels store (what ``fp8_dtype_name`` may be)."""
@@ -756,7 +756,7 @@ class Platform:
         *,
         local_rank: int | None = None,
         init_method: str = "env://",
-        timeout: timedelta = timedelta(minutes=10),
+        timeout: timedelta = DIST_TIMEOUT,
     ) -> Any:
         """Bind this rank's device and join the default process group
         (see :meth:`DeviceRuntime.init_distributed`)."""

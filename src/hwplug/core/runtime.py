@@ -32,7 +32,10 @@ if TYPE_CHECKING:
     from hwplug.core.distributed import DeviceCommunicator
     from hwplug.core.platform import Platform
 
-__all__ = ["DeviceRuntime"]
+__all__ = ["DIST_TIMEOUT", "DeviceRuntime"]
+
+DIST_TIMEOUT = timedelta(minutes=10)
+"""How long joining the process group may take by default (SPEC 14's ``timeout``)."""
 
 
 def _check_world(rank: int, world_size: int) -> None:
@@ -252,7 +255,7 @@ class DeviceRuntime:
         *,
         local_rank: int | None = None,
         init_method: str = "env://",
-        timeout: timedelta = timedelta(minutes=10),
+        timeout: timedelta = DIST_TIMEOUT,
     ) -> Any:
         """Bind this rank to its device and join the default process group (SPEC 14).
 
