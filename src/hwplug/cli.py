@@ -41,7 +41,6 @@ from hwplug.core.config import EngineConfig
 from hwplug.core.config._common import check_depth
 from hwplug.core.config.engine import load_json
 from hwplug.core.errors import ConfigError, PluginError, one_line
-from hwplug.matrix import ordered_entries
 from hwplug.plugins.manager import PluginWarning, get_plugin_manager, select_platform
 
 if TYPE_CHECKING:
@@ -511,7 +510,7 @@ def profiles(
     manager = get_plugin_manager()
     known = manager.known_profiles()
     rows: list[tuple[str, str, bool, DeviceInfo]] = []
-    for entry in ordered_entries(manager.platform_entries()):
+    for entry in support.ordered_entries(manager.platform_entries()):
         for name in entry.cls.profiles():
             platform, device = known.get(name, ("", None))
             if platform == entry.cls.name and device is not None:
