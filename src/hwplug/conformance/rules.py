@@ -18,6 +18,7 @@ from hwplug.conformance.base import (
     check,
 )
 from hwplug.conformance.configs import for_each_config
+from hwplug.core.config import EngineConfig
 from hwplug.core.errors import ConfigError, PluginError, error_line
 from hwplug.core.graphs import GraphWrapper
 from hwplug.core.kv_cache import cache_dtype_to_torch
@@ -25,7 +26,6 @@ from hwplug.core.platform import DeviceInfo, Platform
 from hwplug.core.resolve import user_set_fields
 
 if TYPE_CHECKING:
-    from hwplug.core.config import EngineConfig
     from hwplug.core.resolve import Resolution
 
 __all__: list[str] = []
@@ -38,9 +38,6 @@ _SUBPROCESS_TIMEOUT = 120
 
 def _config(data: dict[str, Any]) -> EngineConfig | None:
     """The config of ``data``, or None when the config models refuse it."""
-    # lazy: pydantic loads when a check runs, not when the pytest plugin loads the kit
-    from hwplug.core.config import EngineConfig
-
     try:
         return EngineConfig.from_dict(copy.deepcopy(data))
     except ValueError:
@@ -338,9 +335,6 @@ def deterministic(platform: Platform, context: CheckContext) -> None:
 @_blocked
 def idempotent(platform: Platform, context: CheckContext) -> None:
     """Resolving ``from_dict(resolved.to_dict())`` records no change and keeps the hash."""
-    # lazy: pydantic loads when a check runs, not when the pytest plugin loads the kit
-    from hwplug.core.config import EngineConfig
-
     tally = _Tally()
 
     def test(data: dict[str, Any]) -> None:
@@ -481,9 +475,6 @@ print(json.dumps([EngineConfig.from_dict(d).compute_hash() for d in json.load(sy
 def hashes_are_stable(platform: Platform, context: CheckContext) -> None:
     """``compute_hash()`` of resolved configs is the same in a process with another
     ``PYTHONHASHSEED``."""
-    # lazy: pydantic loads when a check runs, not when the pytest plugin loads the kit
-    from hwplug.core.config import EngineConfig
-
     tally = _Tally()
     configs: list[dict[str, Any]] = []
     hashes: list[str] = []
@@ -514,9 +505,6 @@ def hashes_are_stable(platform: Platform, context: CheckContext) -> None:
 def _resolve_fields(
     platform: Platform, context: CheckContext, fields: dict[str, Any]
 ) -> Resolution | ConfigError:
-    # lazy: pydantic loads when a check runs, not when the pytest plugin loads the kit
-    from hwplug.core.config import EngineConfig
-
     data: dict[str, Any] = {}
     for path, value in fields.items():
         section, _, name = path.partition(".")
@@ -544,9 +532,6 @@ def block_sizes_agree(platform: Platform, context: CheckContext) -> None:
             problems.append(f"advertised cache.block_size={size} is refused: {error_line(result)}")
         elif result.config.cache.block_size != size:
             problems.append(f"cache.block_size={size} resolved to {result.config.cache.block_size}")
-    # lazy: pydantic loads when a check runs, not when the pytest plugin loads the kit
-    from hwplug.core.config import EngineConfig
-
     try:
         chosen = platform.default_block_size(EngineConfig())
     except Exception as exc:
@@ -621,7 +606,7 @@ def fp8_dtype_agrees(platform: Platform, context: CheckContext) -> None:
     advertised ``fp8`` cache stores exactly it."""
     import torch
 
-    # lazy: torch loads when a check runs, not when the pytest plugin loads the kit
+    # lazy: torch loads only for the checks that need it
     from hwplug.kernels import FP8_FORMATS
 
     try:
@@ -689,9 +674,6 @@ def graph_wrapper_agrees(platform: Platform, context: CheckContext) -> None:
 
 
 def _empty() -> EngineConfig:
-    # lazy: pydantic loads when a check runs, not when the pytest plugin loads the kit
-    from hwplug.core.config import EngineConfig
-
     return EngineConfig()
 
 

@@ -19,7 +19,7 @@ from hwplug.conformance.base import (
     ResolutionBlocked,
     check,
 )
-from hwplug.core.config import CUDAGraphMode
+from hwplug.core.config import CUDAGraphMode, EngineConfig
 from hwplug.core.errors import ConfigError, error_line
 from hwplug.core.graphs import GraphDispatcher, capture_graphs, graph_context
 from hwplug.core.kv_cache import cache_dtype_to_torch
@@ -28,8 +28,7 @@ from hwplug.testing import RecordingGraphBackend
 if TYPE_CHECKING:
     import torch
 
-    from hwplug.attention import AttentionBackend, AttentionMetadata
-    from hwplug.core.config import EngineConfig
+    from hwplug.attention import AttentionBackend
     from hwplug.core.platform import Platform
 
 __all__: list[str] = []
@@ -50,9 +49,6 @@ def _device(context: CheckContext) -> str:
 
 
 def _resolved(platform: Platform, context: CheckContext, data: dict[str, Any]) -> EngineConfig:
-    # lazy: pydantic loads when a check runs, not when the pytest plugin loads the kit
-    from hwplug.core.config import EngineConfig
-
     cached = context.cache.get(repr(data))
     if cached is not None:
         return cached
@@ -97,7 +93,7 @@ def kv_round_trip(platform: Platform, context: CheckContext) -> None:
     ``gather_kv_cache`` reads back (fp8: within one rounding step)."""
     import torch
 
-    # lazy: torch loads when a check runs, not when the pytest plugin loads the kit
+    # lazy: torch loads only for the checks that need it
     from hwplug.kernels import FP8_FORMATS, gather_kv_cache, write_kv_cache
 
     device = _device(context)
@@ -156,7 +152,7 @@ def reference_attention(
     last ``window`` positions are seen when a window is given."""
     import torch
 
-    # lazy: torch loads when a check runs, not when the pytest plugin loads the kit
+    # lazy: torch loads only for the checks that need it
     from hwplug.kernels import FP8_FORMATS
 
     fp8 = key_cache.dtype in FP8_FORMATS
@@ -209,7 +205,7 @@ def _cache_write_problem(
     """
     import torch
 
-    # lazy: torch loads when a check runs, not when the pytest plugin loads the kit
+    # lazy: torch loads only for the checks that need it
     from hwplug.kernels import FP8_FORMATS
 
     got, want = got.cpu(), want.cpu()
@@ -260,7 +256,7 @@ def _attend(
     """
     import torch
 
-    # lazy: torch loads when a check runs, not when the pytest plugin loads the kit
+    # lazy: torch loads only for the checks that need it
     from hwplug.kernels import FP8_FORMATS, write_kv_cache
 
     seq_lens, query_lens = lengths
@@ -568,9 +564,6 @@ def _checkpoint_head_size(
     (an attention backend serves it), and that backend; skips the check, with each size's
     reason, when none does.
     """
-    # lazy: pydantic loads when a check runs, not when the pytest plugin loads the kit
-    from hwplug.core.config import EngineConfig
-
     problems = []
     for size in _HEAD_SIZES:
         model = dict(

@@ -29,7 +29,6 @@ from hwplug.core.errors import PluginError, brief
 if TYPE_CHECKING:
     import torch
 
-    from hwplug.core.distributed import DeviceCommunicator
     from hwplug.core.platform import Platform
 
 __all__ = ["DIST_TIMEOUT", "DeviceRuntime"]
