@@ -59,3 +59,37 @@ def test_forward_hooks_of_the_model_still_run() -> None:
     model.register_forward_hook(lambda module, args, out: seen.append(1))
     compile_model(model, _config(1), platform=hwplug.get_platform())(torch.randn(2, 4))
     assert seen == [1]
+
+
+class Epsilon(torch.nn.Module):
+    """A model with a float attribute (a norm's epsilon) handed to an op."""
+
+    def __init__(self, eps: float) -> None:
+        super().__init__()
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.layer_norm(x, (x.shape[-1],), eps=self.eps)
+
+
+def test_float_attributes_are_traced_as_constants_in_one_attempt() -> None:
+    """A model's floats are specialised from the start: Dynamo would otherwise make
+    them symbols, find that the op cannot take one, and restart its whole analysis.
+    The result is right, a changed float is seen (its guard fails and the model is
+    traced again), and the setting does not leak out of the call."""
+    from torch._dynamo.utils import compilation_time_metrics
+
+    config = EngineConfig.from_dict(
+        {"model": {"dtype": "float32"}, "compilation": {"level": 2, "backend": "aot_eager"}}
+    )
+    config = hwplug.resolve(config, platform="cpu-generic").config
+    model = Epsilon(1e-6)
+    compiled = compile_model(model, config, platform=hwplug.get_platform())
+    compilation_time_metrics.clear()
+    x = torch.randn(5, 8)
+    torch.testing.assert_close(compiled(x), model(x))
+    attempts = sorted(key for key in compilation_time_metrics if key.startswith("compile_attempt"))
+    assert attempts == ["compile_attempt_0"]
+    assert torch._dynamo.config.specialize_float is False
+    model.eps = 10.0
+    torch.testing.assert_close(compiled(x), model(x))

@@ -22,6 +22,7 @@ from hwplug.core.kv_cache import (
     cache_dtype_to_torch,
     hash_block_tokens,
     hash_function,
+    needs_memory_profile,
     num_blocks,
 )
 from hwplug.core.platform import DeviceInfo, Platform
@@ -266,6 +267,42 @@ def test_cpu_budget_is_the_cpu_kvcache_space(monkeypatch: pytest.MonkeyPatch) ->
     assert num_blocks(config, cpu, used_bytes=8 * GiB) == 32 * MiB // (16 * 1024)
     monkeypatch.setenv("HWPLUG_CPU_KVCACHE_SPACE", "0.5")
     assert num_blocks(engine(model=small_model()), cpu) == (GiB // 2) // (16 * 1024)
+
+
+@pytest.mark.parametrize(
+    "cache",
+    [
+        {},
+        {"gpu_memory_utilization": 0.5},
+        {"kv_cache_memory_bytes": 64 * MiB},
+        {"num_gpu_blocks_override": 100},
+        {"cpu_kvcache_space_bytes": 64 * MiB},
+    ],
+    ids=["defaults", "utilisation", "memory-bytes", "override", "cpu-space"],
+)
+@pytest.mark.parametrize("platform", ["tiny", "h100", "cpu-generic"])
+def test_a_memory_profile_is_needed_exactly_when_memory_in_use_changes_the_blocks(
+    cache: dict[str, Any], platform: str
+) -> None:
+    plat = {
+        "tiny": tiny,
+        "h100": lambda: CudaPlatform.simulate("h100"),
+        "cpu-generic": lambda: CpuPlatform.simulate("cpu-generic"),
+    }[platform]()
+    config = engine(model=small_model(), cache=cache)
+    changes = num_blocks(config, plat) != num_blocks(config, plat, used_bytes=GiB)
+    assert needs_memory_profile(config, plat) is changes
+    assert needs_memory_profile(config, plat) is (
+        platform != "cpu-generic"
+        and "kv_cache_memory_bytes" not in cache
+        and "num_gpu_blocks_override" not in cache
+    )
+
+
+def test_an_attention_free_model_needs_no_memory_profile() -> None:
+    config = engine(model={**small_model(), "is_attention_free": True})
+    assert not needs_memory_profile(config, tiny())
+    assert num_blocks(config, tiny()) == 0
 
 
 def test_a_budget_below_one_sequence_says_what_is_needed_and_what_there_is() -> None:

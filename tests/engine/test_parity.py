@@ -144,3 +144,38 @@ def test_loading_adds_no_second_copy_of_the_weights(llama: Path) -> None:
     assert sum(t.numel() * t.element_size() for t in {id(t): t for t in tensors}.values()) <= (
         weight_bytes
     )
+
+
+def test_a_compiled_engine_compiles_once_at_start_up_for_every_step_shape(llama: Path) -> None:
+    """Level 2 traces the model once, on a small step, before the first call: no step
+    shape (one token, a prefill, a mixed batch, the first call's op registration)
+    compiles again, and the tokens are the eager engine's."""
+    import torch
+    from tiny_engine import LLM
+
+    config = cpu_config()
+    del config["model"]["enforce_eager"]
+    compiled = LLM(llama, config=config)
+    assert compiled.stats["compilation_level"] == 2
+    assert compiled.compile_seconds > 0
+    prompts = prompts_of([1, 5, 17, 40, 33])
+    limits = [3, 1, 9, 2, 6]
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        got = compiled.generate(prompts, max_tokens=limits, ignore_eos=True)
+    eager = LLM(llama, config=cpu_config()).generate(prompts, max_tokens=limits, ignore_eos=True)
+    assert got == eager
+
+
+def test_the_cpu_engine_runs_its_linears_on_onednn_from_the_weights_themselves(
+    llama: Path,
+) -> None:
+    """The CPU platform's GEMM (``linear_backend``) reaches every linear layer, and no
+    packed copy of a weight is made: each layer multiplies by its own parameter."""
+    import torch
+    from tiny_engine import LLM
+    from tiny_engine.model import Linear
+
+    llm = LLM(llama, config=cpu_config())
+    linears = [m for m in llm.model.modules() if isinstance(m, Linear)]
+    assert linears and {m.gemm for m in linears} == {llm.platform.linear_backend} == {"onednn"}
+    assert all(isinstance(m.weight, torch.nn.Parameter) for m in linears)

@@ -84,8 +84,7 @@ def op_arguments(call: AttentionCall) -> tuple[torch.Tensor, ...]:
     )
 
 
-@torch.library.custom_op("hwplug::unified_attention", mutates_args=("key_cache", "value_cache"))
-def unified_attention_op(
+def _attend(
     query: torch.Tensor,
     key: torch.Tensor,
     value: torch.Tensor,
@@ -101,7 +100,11 @@ def unified_attention_op(
     scale: float,
     sliding_window: int | None,
 ) -> torch.Tensor:
-    """Write the step's keys and values, then attend, with the backend called ``backend``."""
+    """Write the step's keys and values, then attend, with the backend called ``backend``.
+
+    The body of both ops (``unified_attention_with_output`` calls it directly:
+    one dispatch through torch's op machinery, not two).
+    """
     metadata = AttentionMetadata(query_start_loc, seq_lens, block_table, slot_mapping)
     # the step the engine prepared (forward_context), when it is this step's metadata
     step = step_for(metadata)
@@ -116,6 +119,11 @@ def unified_attention_op(
         v_scale,
     )
     return _backend(backend, call, scale, sliding_window).forward_call(call)
+
+
+unified_attention_op = torch.library.custom_op(
+    "hwplug::unified_attention", mutates_args=("key_cache", "value_cache")
+)(_attend)
 
 
 @unified_attention_op.register_fake
@@ -170,7 +178,7 @@ def unified_attention_with_output_op(
             f"{list(query.shape)}; got {list(output.shape)}"
         )
     output.copy_(
-        unified_attention_op(
+        _attend(
             query,
             key,
             value,

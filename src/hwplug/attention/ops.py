@@ -89,9 +89,10 @@ def unified_attention(
     under piecewise graphs the piece after attention then reads the same
     memory on every replay, as the graph it was captured with expects.
     """
-    op = _op if _op is not None else register_unified_attention()
-    # lazy: the custom op imports torch; `import hwplug` stays light
-    from hwplug.attention._unified_op import OP_WITH_OUTPUT, op_arguments
+    # lazy: the custom op imports torch; `import hwplug` stays light. (Not through the
+    # `_op` global: under torch.compile a check of it would become a guard that fails
+    # once tracing has registered the op, and compile the model a second time.)
+    from hwplug.attention._unified_op import OP, OP_WITH_OUTPUT, op_arguments
 
     # A float scale becomes a tensor here, past forward()'s own check: check it first.
     check_scale("k_scale", k_scale, query)
@@ -102,7 +103,7 @@ def unified_attention(
             stack.enter_context(forward_context(metadata))
         layer = (backend, float(scale), sliding_window)
         if out is None:
-            result: torch.Tensor = op(*op_arguments(call), *layer)
+            result: torch.Tensor = OP(*op_arguments(call), *layer)
             return result
         tensors = op_arguments(call)
         OP_WITH_OUTPUT(*tensors[:3], out, *tensors[3:], *layer)

@@ -33,6 +33,7 @@ __all__ = [
     "cache_dtype_to_torch",
     "hash_block_tokens",
     "hash_function",
+    "needs_memory_profile",
     "num_blocks",
 ]
 
@@ -283,6 +284,24 @@ class KVCacheSpec:
 
 def _size(nbytes: int) -> str:
     return f"{nbytes / GiB:.2f} GiB ({nbytes} bytes)"
+
+
+def needs_memory_profile(config: EngineConfig, platform: Platform) -> bool:
+    """Whether :func:`num_blocks` depends on ``used_bytes`` for this config.
+
+    It does only when the budget comes from the platform and the platform's
+    budget is reduced by what is in use (``Platform.kv_cache_budget_bytes``,
+    ``Platform.kv_budget_counts_memory_in_use``). Otherwise an engine can size
+    its cache without a profile run of its largest step: with
+    ``cache.num_gpu_blocks_override`` or ``cache.kv_cache_memory_bytes`` set,
+    for an attention-free model, and on the CPU (a dedicated KV space).
+    """
+    cache = config.cache
+    if cache.num_gpu_blocks_override is not None or cache.kv_cache_memory_bytes is not None:
+        return False
+    if config.model.is_attention_free or cache.is_attention_free:
+        return False
+    return bool(platform.kv_budget_counts_memory_in_use)
 
 
 def num_blocks(config: EngineConfig, platform: Platform, used_bytes: int = 0) -> int:

@@ -293,6 +293,14 @@ class Platform:
     fp8_cache_dtype: ClassVar[str] = "fp8"
     """The ``cache.cache_dtype`` string that stores :meth:`fp8_dtype` here (a platform
     whose fp8 cache has its own name sets it)."""
+    kv_budget_counts_memory_in_use: ClassVar[bool] = True
+    """Whether :meth:`kv_cache_budget_bytes` is reduced by the memory already in use
+    (weights and activations): an engine then measures it after a profile run of
+    its largest step (:func:`hwplug.core.kv_cache.needs_memory_profile`). A platform
+    with a dedicated KV space (the CPU's) sets it False."""
+    linear_backend: ClassVar[str] = "torch"
+    """The GEMM an engine's dense linear layers run on here: the ``backend`` of
+    :func:`hwplug.kernels.linear` (``"torch"``, or ``"onednn"`` on CPUs)."""
 
     def __init__(
         self,

@@ -1,4 +1,4 @@
-"""fp8 KV-cache kernels: a Triton implementation and a pure-torch reference.
+"""Kernels: fp8 KV-cache kernels (Triton and a pure-torch reference) and dense linears.
 
 Public entry points:
 
@@ -6,7 +6,9 @@ Public entry points:
   (this is what ``CacheConfig.calculate_kv_scales=True`` uses);
 - :func:`write_kv_cache` stores keys and values into a paged cache, quantising
   to fp8 when the cache is fp8;
-- :func:`gather_kv_cache` reads them back.
+- :func:`gather_kv_cache` reads them back;
+- :func:`linear` multiplies by a linear layer's weight on the GEMM a platform
+  names (``Platform.linear_backend``: oneDNN on CPUs).
 
 Importing this package imports torch but not triton: Triton is loaded only
 when a Triton kernel is about to run.
@@ -23,6 +25,7 @@ from hwplug.kernels.formats import (
     fp8_max,
     is_fp8,
 )
+from hwplug.kernels.linear import LINEAR_BACKENDS, linear
 from hwplug.kernels.paged_kv import (
     BACKENDS,
     compute_kv_scales,
@@ -37,12 +40,14 @@ __all__ = [
     "CACHE_DTYPES",
     "FP8_FORMATS",
     "INPUT_DTYPES",
+    "LINEAR_BACKENDS",
     "Fp8Format",
     "compute_kv_scales",
     "fp8_format",
     "fp8_max",
     "gather_kv_cache",
     "is_fp8",
+    "linear",
     "select_backend",
     "triton_unavailable_reason",
     "write_kv_cache",

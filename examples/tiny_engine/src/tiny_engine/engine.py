@@ -9,11 +9,15 @@ Construction walks the whole life of an engine on hwplug:
    backend and KV-cache budget come back decided and explained;
 3. build the model in the resolved dtype on the platform's device, its
    attention layers on the resolved backend, and load the weights;
-4. compile as ``compilation.level`` says, run a profile step, measure the
+4. where the KV-cache budget depends on the memory in use
+   (``hwplug.core.kv_cache.needs_memory_profile``: devices, not the CPU's
+   dedicated KV space), run a profile step of the largest batch; measure the
    memory in use with the platform's runtime services, and size the KV cache
    with ``hwplug.core.kv_cache.num_blocks``;
 5. allocate one key and one value cache per layer in the resolved cache
-   dtype, then capture the graphs the ``GraphDispatcher`` can ask for.
+   dtype, compile as ``compilation.level`` says (traced once, on a small
+   step: one graph serves every size), then capture the graphs the
+   ``GraphDispatcher`` can ask for.
 
 ``generate`` then schedules continuously (:mod:`tiny_engine.scheduler`) and
 samples greedily or with a seeded temperature.
@@ -41,6 +45,7 @@ from hwplug.core.kv_cache import (
     STR_DTYPE_TO_TORCH_DTYPE,
     cache_dtype_to_torch,
     hash_function,
+    needs_memory_profile,
     num_blocks,
 )
 from hwplug.core.platform import Platform
@@ -249,7 +254,12 @@ class LLM:
             "starting %d rank%s (%s executor)", world, "s" if world > 1 else "", self.executor_kind
         )
         self.executor = make_executor(self.executor_kind, spec)
-        logger.info("loading %s and profiling its largest step", self.spec.path.name)
+        profiles = self._live and needs_memory_profile(cfg, plat)
+        logger.info(
+            "loading %s%s",
+            self.spec.path.name,
+            " and profiling its largest step" if profiles else "",
+        )
         self.memory: dict[str, int] = self.executor.run("load")[0]
         used = max(self.memory.values())
         block_size = int(cfg.cache.block_size or 16)

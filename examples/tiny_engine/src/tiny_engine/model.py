@@ -22,6 +22,7 @@ from torch import nn
 
 from hwplug.attention import AttentionMetadata, unified_attention
 from hwplug.core import distributed
+from hwplug.kernels import linear
 from tiny_engine.checkpoint import CheckpointError, ModelSpec
 
 __all__ = ["CausalLM", "Sharding", "load_weights"]
@@ -166,9 +167,7 @@ class SelfAttention(nn.Module):
         self.scale = spec.head_dim**-0.5
         self.q_size = self.num_heads * spec.head_dim
         self.kv_size = self.num_kv_heads * spec.head_dim
-        self.qkv_proj = nn.Linear(
-            spec.hidden_size, self.q_size + 2 * self.kv_size, bias=spec.qkv_bias
-        )
+        self.qkv_proj = Linear(spec.hidden_size, self.q_size + 2 * self.kv_size, bias=spec.qkv_bias)
         self.o_proj = RowParallelLinear(self.q_size, spec.hidden_size, spec.o_bias, shard)
         self.q_norm = RMSNorm(spec.head_dim, spec.rms_norm_eps) if spec.qk_norm else None
         self.k_norm = RMSNorm(spec.head_dim, spec.rms_norm_eps) if spec.qk_norm else None
@@ -231,7 +230,7 @@ class MLP(nn.Module):
         super().__init__()
         shard = shard or Sharding(spec)
         self.intermediate = shard.intermediate
-        self.gate_up_proj = nn.Linear(spec.hidden_size, 2 * self.intermediate, bias=spec.mlp_bias)
+        self.gate_up_proj = Linear(spec.hidden_size, 2 * self.intermediate, bias=spec.mlp_bias)
         self.down_proj = RowParallelLinear(
             self.intermediate, spec.hidden_size, spec.mlp_bias, shard
         )
@@ -241,10 +240,22 @@ class MLP(nn.Module):
         return self.down_proj(nn.functional.silu(gate) * up)
 
 
-class RowParallelLinear(nn.Linear):
+class Linear(nn.Linear):
+    """``nn.Linear`` multiplied on the platform's GEMM (:func:`hwplug.kernels.linear`
+    with ``gemm``, the platform's ``linear_backend``), from the weight itself: its
+    parameters, state dict and hooks are ``nn.Linear``'s, and an update of the
+    weight is seen by the next call."""
+
+    gemm: str = "torch"
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return linear(x, self.weight, self.bias, backend=self.gemm)
+
+
+class RowParallelLinear(Linear):
     """A linear layer whose input features are split across the ranks: each rank
     multiplies its part, the partial results are summed (one all-reduce), then
-    the bias is added. With one rank it is ``nn.Linear``."""
+    the bias is added. With one rank it is :class:`Linear`."""
 
     def __init__(self, in_features: int, out_features: int, bias: bool, shard: Sharding) -> None:
         super().__init__(in_features, out_features, bias=bias)
@@ -253,7 +264,7 @@ class RowParallelLinear(nn.Linear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not self.shard.parallel:
             return super().forward(x)
-        out = self.shard.all_reduce(nn.functional.linear(x, self.weight))
+        out = self.shard.all_reduce(linear(x, self.weight, backend=self.gemm))
         return out if self.bias is None else out + self.bias
 
 
@@ -302,11 +313,19 @@ class CausalLM(nn.Module):
     """Embedding, decoder layers, final norm; :meth:`logits` applies the LM head.
 
     ``backend`` is the hwplug attention backend every layer runs; ``shard`` this
-    rank's part of a tensor-parallel model (default: the whole model).
+    rank's part of a tensor-parallel model (default: the whole model);
+    ``linear_backend`` the GEMM of its linear layers (the platform's
+    ``linear_backend``; see :func:`hwplug.kernels.linear`).
     """
 
     def __init__(
-        self, spec: ModelSpec, backend: str, max_positions: int, shard: Sharding | None = None
+        self,
+        spec: ModelSpec,
+        backend: str,
+        max_positions: int,
+        shard: Sharding | None = None,
+        *,
+        linear_backend: str = "torch",
     ) -> None:
         super().__init__()
         shard = shard or Sharding(spec)
@@ -319,7 +338,10 @@ class CausalLM(nn.Module):
         self.layers = nn.ModuleList(layers)
         self._attention = [layer.self_attn for layer in layers]
         self.norm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
-        self.lm_head = nn.Linear(spec.hidden_size, shard.vocab_per_rank, bias=False)
+        self.lm_head = Linear(spec.hidden_size, shard.vocab_per_rank, bias=False)
+        for module in self.modules():
+            if isinstance(module, Linear):
+                module.gemm = linear_backend
 
     def forward(
         self,

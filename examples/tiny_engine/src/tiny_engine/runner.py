@@ -73,6 +73,9 @@ class StepInput:
 
 logger = logging.getLogger("tiny_engine")
 
+WARM_UP_TOKENS = 32
+"""Tokens of the step the model is compiled on (any size gives the same graph)."""
+
 
 class ModelRunner:
     """Prepares inputs, dispatches graphs and runs the model for one engine.
@@ -301,10 +304,12 @@ class ModelRunner:
             self.model(*args)
 
     def warm_up(self) -> None:
-        """Compile now rather than in the first step: one graph for every step size."""
+        """Compile now rather than in the first step, on a small step: its sizes are
+        marked unbacked, so the one graph serves every step size, and tracing costs
+        no forward of the largest step."""
         if self.compiled is self.model:
             return
-        n = self.largest_step(self.max_tokens)
+        n = self.largest_step(WARM_UP_TOKENS)
         args, prepared = self._dummy_inputs(n, self._dummy_batch(n), uniform=False)
         for t in args:
             # One graph for every size, 1 included (no 0/1 specialisation).

@@ -23,7 +23,11 @@ import hwplug
 from hwplug.core import distributed
 from hwplug.core.config import EngineConfig
 from hwplug.core.dtypes import is_fp8_cache
-from hwplug.core.kv_cache import STR_DTYPE_TO_TORCH_DTYPE, cache_dtype_to_torch
+from hwplug.core.kv_cache import (
+    STR_DTYPE_TO_TORCH_DTYPE,
+    cache_dtype_to_torch,
+    needs_memory_profile,
+)
 from hwplug.core.platform import Platform
 from tiny_engine.checkpoint import iter_weights, read_checkpoint
 from tiny_engine.model import CausalLM, Sharding, load_weights
@@ -107,8 +111,10 @@ class Worker:
 
     # -- building -------------------------------------------------------------------------
     def load(self) -> dict[str, int]:
-        """Build this rank's part of the model, load its weights and profile the largest
-        step on a one-block cache; returns the memory in use (the most over the ranks)."""
+        """Build this rank's part of the model, load its weights and, where the KV-cache
+        budget depends on the memory in use (``needs_memory_profile``), profile the
+        largest step on a one-block cache; returns the memory in use (the most over the
+        ranks)."""
         cfg, spec, plat = self.config, self.model_spec, self.platform
         with hwplug.use_platform(plat), torch.inference_mode():
             if self.live:
@@ -121,18 +127,23 @@ class Worker:
                 # weight works outside inference_mode too, and bumps its version counter.
                 with torch.inference_mode(False), torch.no_grad(), torch.device(self.device):
                     self.model = CausalLM(
-                        spec, self.spec.attention_backend, cfg.model.max_model_len, shard
+                        spec,
+                        self.spec.attention_backend,
+                        cfg.model.max_model_len,
+                        shard,
+                        linear_backend=plat.linear_backend,
                     )
                     load_weights(self.model, iter_weights(spec.path))
             finally:
                 torch.set_default_dtype(default_dtype)
             self.model.eval().requires_grad_(False)
             self.memory["after_load"] = self._memory_in_use()
-            block_size = int(cfg.cache.block_size or 16)
-            self.allocate_cache(1, block_size)
-            runner = ModelRunner(self.model, cfg, plat, self.device, compile_model=False)
-            runner.profile_run(cfg.scheduler.max_num_batched_tokens)
-            self.memory["after_profile"] = self._memory_in_use()
+            if self.live and needs_memory_profile(cfg, plat):
+                block_size = int(cfg.cache.block_size or 16)
+                self.allocate_cache(1, block_size)
+                runner = ModelRunner(self.model, cfg, plat, self.device, compile_model=False)
+                runner.profile_run(cfg.scheduler.max_num_batched_tokens)
+                self.memory["after_profile"] = self._memory_in_use()
         return self._most_over_ranks(self.memory)
 
     def allocate_cache(self, blocks: int, block_size: int) -> None:

@@ -72,6 +72,8 @@ class CpuPlatform(VendorPlatform):
     profile_table = PROFILES
     custom_op_forward = "forward_cpu"
     attention_order = ("torch",)
+    linear_backend = "onednn"
+    kv_budget_counts_memory_in_use = False
 
     mla_without_chunked_prefill = True
     min_compiling_level: ClassVar[int] = 2

@@ -1,0 +1,135 @@
+"""``hwplug.kernels.linear``: the platform's GEMM for dense linear layers.
+
+The oneDNN backend must give the product ``torch.nn.functional.linear``
+gives, read the weight where it lies (an in-place update is seen, no copy is
+kept), fall back where it cannot run, and stay one opaque op under
+``torch.compile``.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import hwplug
+import hwplug.core.platform
+from hwplug.kernels import LINEAR_BACKENDS, linear
+from hwplug.kernels.linear import onednn_dtypes
+
+needs_onednn = pytest.mark.skipif(
+    not torch.backends.mkldnn.is_available(), reason="this torch has no oneDNN"
+)
+TOL = {torch.float32: 1e-4, torch.bfloat16: 2e-2, torch.float16: 2e-3}
+
+
+def _close(a: torch.Tensor, b: torch.Tensor, dtype: torch.dtype) -> bool:
+    scale = max(1.0, float(b.float().abs().max()))
+    return bool((a.float() - b.float()).abs().max() <= TOL[dtype] * scale)
+
+
+@needs_onednn
+@settings(max_examples=40, deadline=None)
+@given(
+    lead=st.lists(st.integers(1, 5), min_size=0, max_size=2),
+    rows=st.integers(1, 40),
+    k=st.integers(1, 96),
+    n=st.integers(1, 96),
+    bias=st.booleans(),
+    dtype=st.sampled_from([torch.float32, torch.bfloat16, torch.float16]),
+    seed=st.integers(0, 2**16),
+)
+def test_onednn_gives_torchs_product(
+    lead: list[int], rows: int, k: int, n: int, bias: bool, dtype: torch.dtype, seed: int
+) -> None:
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(*lead, rows, k, generator=gen).to(dtype)
+    w = torch.randn(n, k, generator=gen).to(dtype)
+    b = torch.randn(n, generator=gen).to(dtype) if bias else None
+    got = linear(x, w, b, backend="onednn")
+    want = torch.nn.functional.linear(x.float(), w.float(), None if b is None else b.float())
+    assert got.shape == (*lead, rows, n)
+    assert got.dtype == dtype
+    assert _close(got, want, dtype)
+
+
+@needs_onednn
+def test_an_in_place_update_of_the_weight_is_seen_by_the_next_call() -> None:
+    x, w, b = torch.randn(4, 16), torch.randn(8, 16), torch.randn(8)
+    before = linear(x, w, b, backend="onednn")
+    with torch.no_grad():
+        w.mul_(-2.0)
+        b.add_(1.0)
+    after = linear(x, w, b, backend="onednn")
+    assert not torch.allclose(before, after)
+    assert torch.allclose(after, torch.nn.functional.linear(x, w, b), atol=1e-4)
+
+
+@needs_onednn
+def test_a_strided_weight_and_input_are_read_where_they_lie() -> None:
+    w = torch.randn(32, 24)[::2]  # every other row: not contiguous
+    x = torch.randn(24, 10).t()  # a transposed view
+    assert not w.is_contiguous() and not x.is_contiguous()
+    got = linear(x, w, backend="onednn")
+    assert torch.allclose(got, torch.nn.functional.linear(x, w), atol=1e-4)
+
+
+def test_autograd_falls_back_to_torch_and_gets_gradients() -> None:
+    x = torch.randn(3, 5, requires_grad=True)
+    w = torch.randn(4, 5, requires_grad=True)
+    linear(x, w, backend="onednn").sum().backward()
+    assert x.grad is not None and w.grad is not None
+    assert torch.allclose(w.grad, x.detach().sum(0).expand(4, 5))
+
+
+def test_integer_and_mixed_dtypes_fall_back_to_torch() -> None:
+    x, w = torch.randn(2, 3, dtype=torch.float64), torch.randn(4, 3, dtype=torch.float64)
+    assert torch.equal(linear(x, w, backend="onednn"), torch.nn.functional.linear(x, w))
+    with pytest.raises(RuntimeError):  # torch's own error for mixed dtypes
+        linear(torch.randn(2, 3), w, backend="onednn")
+
+
+def test_an_unknown_backend_is_a_value_error_naming_the_known_ones() -> None:
+    with pytest.raises(ValueError, match=r"unknown linear backend 'mkl'.*torch, onednn"):
+        linear(torch.randn(2, 3), torch.randn(4, 3), backend="mkl")
+    assert LINEAR_BACKENDS == ("torch", "onednn")
+
+
+@needs_onednn
+def test_under_torch_compile_it_is_the_opaque_custom_op() -> None:
+    x, w, b = torch.randn(5, 16), torch.randn(12, 16), torch.randn(12)
+    ops: list[str] = []
+
+    def backend(gm: torch.fx.GraphModule, example_inputs: list[torch.Tensor]):  # type: ignore[no-untyped-def]
+        ops.extend(str(node.target) for node in gm.graph.nodes if node.op == "call_function")
+        return gm.forward
+
+    compiled = torch.compile(
+        lambda x, w, b: linear(x, w, b, backend="onednn").relu(), backend=backend, fullgraph=True
+    )
+    got = compiled(x, w, b)
+    assert torch.allclose(got, torch.nn.functional.linear(x, w, b).relu(), atol=1e-4)
+    assert any(op.startswith("hwplug.onednn_linear") for op in ops), ops
+    inductor = torch.compile(lambda x, w: linear(x, w, backend="onednn") * 2, dynamic=True)
+    for rows in (1, 7):
+        xr = torch.randn(rows, 16)
+        assert torch.allclose(inductor(xr, w), 2 * torch.nn.functional.linear(xr, w), atol=1e-4)
+
+
+def test_the_platforms_name_their_gemm() -> None:
+    def platform(name: str) -> hwplug.core.platform.Platform:
+        return hwplug.resolve(platform=name).platform
+
+    assert platform("cpu-generic").linear_backend == "onednn"
+    assert platform("h100").linear_backend == "torch"
+    for name in ("cpu-generic", "xeon-spr", "h100", "mi300x", "gaudi2", "max-1550"):
+        assert platform(name).linear_backend in LINEAR_BACKENDS
+
+
+@needs_onednn
+def test_float32_is_always_native_and_16_bit_only_where_the_cpu_has_it() -> None:
+    native = onednn_dtypes()
+    assert torch.float32 in native
+    assert native <= {torch.float32, torch.bfloat16, torch.float16}
+    assert (torch.bfloat16 in native) == bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
