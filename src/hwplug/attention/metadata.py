@@ -462,10 +462,9 @@ def _table(block_table: Any, num_seqs: int) -> torch.Tensor:
             )
         rows = [_block_row(row, b) for b, row in enumerate(block_table)]
         width = max([1, *(len(row) for row in rows)])
-        table = torch.zeros((len(rows), width), dtype=torch.int64)
-        for b, row in enumerate(rows):
-            if row:
-                table[b, : len(row)] = torch.tensor(row, dtype=torch.int64)
+        # one tensor from padded lists: a copy per row costs more than the rows
+        padded = [row + [0] * (width - len(row)) for row in rows]
+        table = torch.tensor(padded, dtype=torch.int64).reshape(len(rows), width)
     if table.shape[0] != num_seqs:
         raise ValueError(
             f"block_table must have one row per sequence ({num_seqs}); got {table.shape[0]}"
@@ -480,6 +479,8 @@ def _table(block_table: Any, num_seqs: int) -> torch.Tensor:
 def _block_row(row: Any, b: int) -> list[int]:
     if isinstance(row, (str, bytes)) or not isinstance(row, Sequence):
         raise ValueError(f"block_table[{b}] must be a list of block ids; got {type(row).__name__}")
+    if all(type(v) is int for v in row):  # the usual case, checked without the ABCs
+        return list(row)
     out = []
     for i, v in enumerate(row):
         if isinstance(v, bool) or not isinstance(v, numbers.Integral):
