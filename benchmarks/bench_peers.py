@@ -29,7 +29,7 @@ parent's spawn of the process to that token), a warm-up on other prompts of
 the same shapes (2 new tokens), a prefill run (1 new token, other prompts of
 the same shapes, so that no prefix cache helps), then the timed run. Decode
 tokens/s is the tokens after each prompt's first divided by (timed run -
-prefill run). Peak resident memory is the worker's ``ru_maxrss``. Rounds are
+prefill run). Peak resident memory is the worker's ``VmHWM``. Rounds are
 interleaved: round 1 of every engine, then round 2, and so on; the report has
 the median, min and max of each figure, the fraction of sequences
 token-identical to transformers' output, and ``ratio``: each engine's end-to-end
@@ -136,6 +136,16 @@ def ensure_checkpoint(cache: Path, model: str) -> Path:
 
 # -- workers: each runs in its engine's own Python -------------------------------------------
 def _rss_mib() -> float:
+    """This process's peak resident memory in MiB: ``VmHWM`` (the high-water mark of
+    its own address space). ``ru_maxrss`` survives ``exec``: a worker would report at
+    least what its parent held when it was started."""
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024  # kB
+    except OSError:
+        pass
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
 
 

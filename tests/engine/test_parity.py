@@ -179,3 +179,61 @@ def test_the_cpu_engine_runs_its_linears_on_onednn_from_the_weights_themselves(
     linears = [m for m in llm.model.modules() if isinstance(m, Linear)]
     assert linears and {m.gemm for m in linears} == {llm.platform.linear_backend} == {"onednn"}
     assert all(isinstance(m.weight, torch.nn.Parameter) for m in linears)
+
+
+_LOAD_PEAK = """
+import json, sys
+import psutil
+import torch
+from tiny_engine.checkpoint import iter_weights, read_checkpoint
+from tiny_engine.model import CausalLM, load_weights
+
+def peak():  # VmHWM: ru_maxrss would start from the parent's resident memory at fork
+    with open("/proc/self/status") as status:
+        return next(int(l.split()[1]) * 1024 for l in status if l.startswith("VmHWM:"))
+
+spec = read_checkpoint(sys.argv[1])
+torch.ones(1)
+before = psutil.Process().memory_info().rss  # the peak so far may be an import's
+with torch.no_grad():
+    model = CausalLM(spec, "torch", 64)
+    load_weights(model, iter_weights(spec.path))
+weights = sum(p.numel() * p.element_size() for p in model.parameters())
+print(json.dumps({"weights": weights, "grew": peak() - before}))
+"""
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads VmHWM (Linux)")
+def test_loading_holds_the_weights_once_at_its_peak(
+    make_ckpt: Callable[..., Path], tmp_path: Path
+) -> None:
+    """Building the model initialises nothing and each checkpoint tensor is read through
+    its own mapping of the file: the peak resident memory of building and loading grows
+    by about the weights' size, not twice it (a whole-shard mapping kept every page
+    read resident beside the model's copy; a random initialisation touched every
+    parameter before the checkpoint overwrote it)."""
+    import json
+    import subprocess
+    import sys
+
+    # about 48 MiB of float32 weights in one shard: large beside the process's noise
+    path = make_ckpt(
+        "load-peak",
+        arch="llama",
+        layers=4,
+        hidden=512,
+        intermediate=1024,
+        vocab=8192,
+        heads=8,
+        kv_heads=4,
+        max_positions=64,
+        shard_size="1GB",
+    )
+    script = tmp_path / "peak.py"
+    script.write_text(_LOAD_PEAK)
+    out = subprocess.run(
+        [sys.executable, str(script), str(path)], capture_output=True, text=True, check=True
+    )
+    figures = json.loads(out.stdout.strip().splitlines()[-1])
+    assert figures["weights"] > 40 << 20
+    assert figures["grew"] <= 1.35 * figures["weights"], figures

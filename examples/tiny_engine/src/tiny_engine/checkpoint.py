@@ -464,7 +464,14 @@ def iter_weights(directory: str | Path) -> Iterator[tuple[str, torch.Tensor, Pat
     for file in weight_files(Path(directory)):
         try:
             with safe_open(str(file), framework="pt") as reader:
-                for name in reader.keys():  # noqa: SIM118 (safe_open has no __iter__)
-                    yield name, reader.get_tensor(name), file
+                names = list(reader.keys())
+            for name in names:
+                # One mapping of the file per tensor: the pages a copy reads stay resident
+                # while the file is mapped, so one mapping for a whole shard would hold
+                # its every byte beside the model's own copy at the end of loading.
+                with safe_open(str(file), framework="pt") as reader:
+                    tensor = reader.get_tensor(name)
+                yield name, tensor, file
+                del tensor
         except SafetensorError as exc:
             raise CheckpointError(f"{file}: unreadable safetensors file ({exc})") from exc

@@ -248,6 +248,11 @@ class Linear(nn.Linear):
 
     gemm: str = "torch"
 
+    def reset_parameters(self) -> None:
+        """No random initialisation: every weight comes from the checkpoint
+        (:func:`load_weights` checks that each one is given), so the parameters stay
+        uninitialised, untouched memory until it writes them."""
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return linear(x, self.weight, self.bias, backend=self.gemm)
 
@@ -276,6 +281,9 @@ class VocabEmbedding(nn.Embedding):
     def __init__(self, spec: ModelSpec, shard: Sharding) -> None:
         super().__init__(shard.vocab_per_rank, spec.hidden_size)
         self.shard = shard
+
+    def reset_parameters(self) -> None:
+        """No random initialisation (as :meth:`Linear.reset_parameters`)."""
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         shard = self.shard

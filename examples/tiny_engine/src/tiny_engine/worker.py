@@ -148,13 +148,18 @@ class Worker:
 
     def allocate_cache(self, blocks: int, block_size: int) -> None:
         """One key and one value cache per layer, ``[blocks, block_size, kv heads of this
-        rank, head size]`` in the resolved cache dtype."""
+        rank, head size]`` in the resolved cache dtype.
+
+        Left uninitialised (``torch.empty``): attention reads only the positions a
+        sequence has written (every backend masks the rest, whatever they hold), and
+        on a CPU the pages of blocks never used are never touched, so they take no
+        resident memory."""
         assert self.model is not None
         heads = self.model.shard.num_kv_heads
         shape = (blocks, block_size, heads, self.model_spec.head_dim)
         for layer in self.model.attention_layers():
-            layer.key_cache = torch.zeros(shape, dtype=self.cache_dtype, device=self.device)
-            layer.value_cache = torch.zeros(shape, dtype=self.cache_dtype, device=self.device)
+            layer.key_cache = torch.empty(shape, dtype=self.cache_dtype, device=self.device)
+            layer.value_cache = torch.empty(shape, dtype=self.cache_dtype, device=self.device)
 
     def init_cache(self, blocks: int, block_size: int) -> dict[str, Any]:
         """Allocate the KV cache, compile and capture; returns what was captured."""
