@@ -9,9 +9,11 @@ their platform gives (``Platform.linear_backend``):
   so an in-place update of the weight is seen by the next call. On the
   x86 CPUs we measured, it is 1.3-3.6x faster than torch's MKL GEMM for the
   few-row products of decoding (see docs/peers.md). 16-bit inputs on a CPU
-  without native 16-bit oneDNN kernels are computed in float32 (torch's
-  own 16-bit GEMM is several times slower there) and the result is
-  rounded to the input's dtype.
+  without native 16-bit oneDNN kernels are computed in float32, the weight
+  converted a cache-sized piece at a time (torch's own 16-bit GEMM there
+  is several times slower for more than a couple of rows), and the result
+  is rounded to the input's dtype; one or two rows take torch's 16-bit
+  product, which reads the 16-bit weight once.
 
 A backend that cannot run a call (no oneDNN in this torch build, a tensor
 on another device, a dtype it lacks, autograd recording) falls back to
@@ -23,6 +25,7 @@ on another device, a dtype it lacks, autograd recording) falls back to
 from __future__ import annotations
 
 import functools
+import threading
 
 import torch
 
@@ -49,14 +52,58 @@ def onednn_dtypes() -> frozenset[torch.dtype]:
     return frozenset(native)
 
 
+_UPCAST_BYTES = 4 << 20
+"""Float32 bytes of a 16-bit weight converted at a time (a cache-sized piece)."""
+_GEMV_ROWS = 2
+"""Up to this many rows of a 16-bit input without native oneDNN kernels go to torch's
+own 16-bit product: a matrix-vector product that reads the 16-bit weight once."""
+
+
+class _Scratch(threading.local):
+    """Per-thread float32 buffer the 16-bit weight pieces are converted into."""
+
+    def __init__(self) -> None:
+        self.buffer: torch.Tensor | None = None
+
+    def get(self, numel: int, device: torch.device) -> torch.Tensor:
+        buffer = self.buffer
+        if buffer is None or buffer.numel() < numel or buffer.device != device:
+            # A normal tensor, even under inference_mode: a later call may run outside it.
+            with torch.inference_mode(False):
+                buffer = self.buffer = torch.empty(numel, dtype=torch.float32, device=device)
+        return buffer[:numel]
+
+
+_scratch = _Scratch()
+
+
 def _onednn(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """oneDNN's product of a 2-D ``x``; 16-bit inputs it lacks run in float32."""
-    dtype = x.dtype
-    if dtype not in onednn_dtypes():
-        x, weight = x.float(), weight.float()
-        bias = None if bias is None else bias.float()
-    out = torch.ops.mkldnn._linear_pointwise(x.contiguous(), weight, bias, "none", [], "")
-    return out.to(dtype)
+    if x.dtype in onednn_dtypes():
+        return torch.ops.mkldnn._linear_pointwise(x.contiguous(), weight, bias, "none", [], "")
+    if x.shape[0] <= _GEMV_ROWS:
+        return torch.nn.functional.linear(x, weight, bias)
+    return _upcast(x, weight, bias)
+
+
+def _upcast(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """The float32 product of 16-bit operands, the weight converted a cache-sized piece
+    of output features at a time (converting it whole would write and read a float32
+    copy the size of the weight on every call), rounded to the input's dtype."""
+    rows = x.float().contiguous()
+    features, inputs = weight.shape
+    piece = max(1, _UPCAST_BYTES // (4 * inputs))
+    out = torch.empty((rows.shape[0], features), dtype=torch.float32, device=x.device)
+    scratch = _scratch.get(min(piece, features) * inputs, x.device)
+    for start in range(0, features, piece):
+        part = weight[start : start + piece]
+        converted = scratch[: part.numel()].view(part.shape).copy_(part)
+        out[:, start : start + part.shape[0]] = torch.ops.mkldnn._linear_pointwise(
+            rows, converted, None, "none", [], ""
+        )
+    if bias is not None:
+        out += bias.float()
+    return out.to(x.dtype)
 
 
 @torch.library.custom_op("hwplug::onednn_linear", mutates_args=())
@@ -77,6 +124,8 @@ def _runs_onednn(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
     if not _HAS_ONEDNN or x.dtype not in _ONEDNN_INPUTS:
         return False
     if x.is_mkldnn or weight.is_mkldnn or x.is_sparse or weight.is_sparse:
+        return False
+    if weight.shape[0] == 0 or weight.shape[1] == 0:  # (static sizes: no guard on the rows)
         return False
     # oneDNN's inner product has no backward: keep autograd on torch's path
     return not (
