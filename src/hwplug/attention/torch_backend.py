@@ -22,8 +22,6 @@ longest sequence), so a captured device graph could not serve another step:
 from __future__ import annotations
 
 import math
-import threading
-from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from hwplug.attention.base import AttentionBackend, PreparedStep
@@ -39,9 +37,6 @@ __all__ = ["TorchAttentionBackend", "TorchAttentionStep"]
 
 _GATHER_BYTES = 2 << 20
 """Most bytes of gathered keys (and as many of values) one batched decode call holds."""
-
-_SCRATCH_BYTES = 32 << 20
-"""Largest gather buffer kept for reuse (per buffer, per thread and device)."""
 
 
 class TorchAttentionBackend(AttentionBackend):
@@ -347,6 +342,9 @@ class _Pages:
         blocks ``index`` lists (``n`` rows of whole blocks, flattened)."""
         import torch
 
+        # lazy: torch; `import hwplug` (which lists the backends) stays light
+        from hwplug.kernels.scratch import scratch
+
         blocks = index.shape[0] // n
         result = []
         for name, cache in (("key", self.key_cache), ("value", self.value_cache)):
@@ -354,54 +352,23 @@ class _Pages:
             # (fp8 as bytes: not every device indexes every fp8 dtype)
             source = cache.view(torch.uint8) if cache.dtype.itemsize == 1 else cache
             shape = (index.shape[0], *source.shape[1:])
-            paged = torch.index_select(
-                source, 0, index, out=_scratch.get(name, shape, source.dtype, source.device)
-            ).view(cache.dtype)
+            into = scratch.get(f"gather.{name}", shape, source.dtype, source.device)
+            paged = torch.index_select(source, 0, index, out=into).view(cache.dtype)
             dense = paged.view(n, blocks * self.block_size, *cache.shape[2:])[:, :length]
             dense = dense.transpose(1, 2)  # [n, kv_heads, length, head_size], strided
             if self.values is not None:
-                codes = _scratch.get("codes", dense.shape, torch.int32, dense.device)
+                codes = scratch.get("gather.codes", dense.shape, torch.int32, dense.device)
                 codes.copy_(dense.view(torch.uint8))
-                flat = _scratch.get(f"{name}.dense", (codes.numel(),), self.dtype, dense.device)
+                flat = scratch.get(
+                    f"gather.{name}.dense", (codes.numel(),), self.dtype, dense.device
+                )
                 dense = torch.index_select(self.values, 0, codes.view(-1), out=flat)
                 dense = dense.view(codes.shape)
             elif dense.dtype != self.dtype or self.dtype != torch.float32:
-                into = _scratch.get(f"{name}.dense", dense.shape, self.dtype, dense.device)
+                into = scratch.get(f"gather.{name}.dense", dense.shape, self.dtype, dense.device)
                 dense = into.copy_(dense)
             result.append(dense)
         return result[0], result[1]
-
-
-class _Scratch(threading.local):
-    """Per-thread buffers the gathers reuse, layer after layer and step after step.
-
-    A fresh multi-megabyte tensor per gather would be mapped and faulted in by
-    the allocator again and again; these stay mapped. Only buffers up to
-    ``_SCRATCH_BYTES`` are kept (a long prefill's gather is allocated afresh).
-    """
-
-    def __init__(self) -> None:
-        self.buffers: dict[tuple[str, torch.dtype, torch.device], torch.Tensor] = {}
-
-    def get(
-        self, name: str, shape: Sequence[int], dtype: torch.dtype, device: torch.device
-    ) -> torch.Tensor:
-        import torch
-
-        numel = math.prod(shape)
-        if numel * dtype.itemsize > _SCRATCH_BYTES:
-            return torch.empty(tuple(shape), dtype=dtype, device=device)
-        key = (name, dtype, device)
-        buffer = self.buffers.get(key)
-        if buffer is None or buffer.numel() < numel:
-            # A normal tensor, even when made under inference_mode: an inference
-            # tensor could not be written by a later call made outside it.
-            with torch.inference_mode(False):
-                buffer = self.buffers[key] = torch.empty(numel, dtype=dtype, device=device)
-        return buffer[:numel].view(tuple(shape))
-
-
-_scratch = _Scratch()
 
 
 def _on(scale: float | torch.Tensor, like: torch.Tensor) -> float | torch.Tensor:

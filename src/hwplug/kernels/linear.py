@@ -25,9 +25,10 @@ on another device, a dtype it lacks, autograd recording) falls back to
 from __future__ import annotations
 
 import functools
-import threading
 
 import torch
+
+from hwplug.kernels.scratch import scratch
 
 __all__ = ["LINEAR_BACKENDS", "linear", "onednn_dtypes"]
 
@@ -59,24 +60,6 @@ _GEMV_ROWS = 2
 own 16-bit product: a matrix-vector product that reads the 16-bit weight once."""
 
 
-class _Scratch(threading.local):
-    """Per-thread float32 buffer the 16-bit weight pieces are converted into."""
-
-    def __init__(self) -> None:
-        self.buffer: torch.Tensor | None = None
-
-    def get(self, numel: int, device: torch.device) -> torch.Tensor:
-        buffer = self.buffer
-        if buffer is None or buffer.numel() < numel or buffer.device != device:
-            # A normal tensor, even under inference_mode: a later call may run outside it.
-            with torch.inference_mode(False):
-                buffer = self.buffer = torch.empty(numel, dtype=torch.float32, device=device)
-        return buffer[:numel]
-
-
-_scratch = _Scratch()
-
-
 def _onednn(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """oneDNN's product of a 2-D ``x``; 16-bit inputs it lacks run in float32."""
     if x.dtype in onednn_dtypes():
@@ -94,10 +77,10 @@ def _upcast(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) ->
     features, inputs = weight.shape
     piece = max(1, _UPCAST_BYTES // (4 * inputs))
     out = torch.empty((rows.shape[0], features), dtype=torch.float32, device=x.device)
-    scratch = _scratch.get(min(piece, features) * inputs, x.device)
+    buffer = scratch.get("linear.upcast", (min(piece, features) * inputs,), torch.float32, x.device)
     for start in range(0, features, piece):
         part = weight[start : start + piece]
-        converted = scratch[: part.numel()].view(part.shape).copy_(part)
+        converted = buffer[: part.numel()].view(part.shape).copy_(part)
         out[:, start : start + part.shape[0]] = torch.ops.mkldnn._linear_pointwise(
             rows, converted, None, "none", [], ""
         )
