@@ -1,71 +1,93 @@
 #!/usr/bin/env python
-"""Where a tiny_engine step goes on CPU: wall time of the linears, attention (and its
-page gathers), input preparation, over one workload of benchmarks/bench_peers.py."""
+"""Where tiny_engine's time goes on a CPU, over one workload of bench_peers.py.
 
+The engine is built exactly as ``bench_peers.py`` builds it (its
+``TinyEngineWorker``, on the same checkpoint and prompts); during the timed
+run the wall time of these calls is summed: hwplug's oneDNN linears, the
+torch attention backend (and, inside it, the page gathers), the runner's
+input preparation, and the runner's whole step. What is outside the step is
+the scheduler and sampling. JSON on stdout, seconds.
+
+``python benchmarks/bench_breakdown.py [--model bench|llama250m] [--workload
+fixed|mix] [--dtype fp32|bf16] [--cache /tmp/hwplug-peers/models]``
+"""
+
+from __future__ import annotations
+
+import argparse
 import functools
+import importlib
 import json
 import sys
 import time
+from pathlib import Path
+from typing import Any
 
-sys.path.insert(0, "benchmarks")
-import bench_peers as bp
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import bench_peers  # (beside this file)
 
-import hwplug.attention.torch_backend as tb
-
-kl = sys.modules["hwplug.kernels.linear"]
-import tiny_engine.runner as rn  # noqa: E402 (after the path insert)
-from tiny_engine import LLM  # noqa: E402
-
-acc = {}
-
-
-def wrap(obj, name, key):
-    f = getattr(obj, name)
-
-    @functools.wraps(f)
-    def g(*a, **k):
-        t = time.perf_counter()
-        r = f(*a, **k)
-        acc[key] = acc.get(key, 0) + time.perf_counter() - t
-        return r
-
-    setattr(obj, name, g)
-
-
-wrap(tb.TorchAttentionBackend, "attend", "attention")
-wrap(tb._Pages, "gather", "attention: page gathers")
-wrap(kl, "_onednn", "linears (oneDNN)")
-wrap(rn.ModelRunner, "prepare", "step inputs and metadata")
-wrap(rn.ModelRunner, "execute", "runner.execute")
-model, wname = sys.argv[1], sys.argv[2]
-spec = bp.MODELS[model]
-w = bp.workload(wname, spec["vocab"], 0)
-pre = bp.workload(wname, spec["vocab"], 1)
-lens = [len(p) for p in w["prompts"]]
-config = {
-    "model": {
-        "dtype": "float32",
-        "max_model_len": max(p + n for p, n in zip(lens, w["max_tokens"])) + 8,
-    },
-    "scheduler": {"max_num_seqs": len(lens), "max_num_batched_tokens": max(sum(lens), 1024)},
-    "cache": {"kv_cache_memory_bytes": 1 << 30},
-}
-llm = LLM(f"/tmp/hwplug-peers/models/{model}/hf", config=config, platform="cpu")
-llm.generate(pre["prompts"], max_tokens=[2] * len(lens), ignore_eos=True)
-acc.clear()
-t = time.perf_counter()
-llm.generate(w["prompts"], max_tokens=w["max_tokens"], ignore_eos=True)
-total = time.perf_counter() - t
-steps = llm.stats["steps"]
-print(
-    json.dumps(
-        {
-            "model": model,
-            "workload": wname,
-            "seconds": round(total, 3),
-            **{k: round(v, 3) for k, v in acc.items()},
-            "rest (scheduler, sampling, compiled glue)": round(total - acc["runner.execute"], 3),
-        },
-        indent=1,
-    )
+TIMED = (
+    ("hwplug.kernels.linear", None, "_onednn", "linears (oneDNN)"),
+    ("hwplug.attention.torch_backend", "TorchAttentionBackend", "attend", "attention"),
+    ("hwplug.attention.torch_backend", "_Pages", "gather", "attention: page gathers"),
+    ("tiny_engine.runner", "ModelRunner", "prepare", "step inputs and metadata"),
+    ("tiny_engine.runner", "ModelRunner", "execute", "runner steps"),
 )
+
+
+def _time_calls(seconds: dict[str, float]) -> None:
+    """Wrap each call of ``TIMED`` so that its wall time is added to ``seconds``."""
+    for module_name, owner_name, name, label in TIMED:
+        module = importlib.import_module(module_name)
+        owner: Any = module if owner_name is None else getattr(module, owner_name)
+        original = getattr(owner, name)
+
+        @functools.wraps(original)
+        def timed(*args: Any, _original: Any = original, _label: str = label, **kw: Any) -> Any:
+            start = time.perf_counter()
+            try:
+                return _original(*args, **kw)
+            finally:
+                seconds[_label] = seconds.get(_label, 0.0) + time.perf_counter() - start
+
+        setattr(owner, name, timed)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="bench", choices=sorted(bench_peers.MODELS))
+    parser.add_argument("--workload", default="fixed", choices=["fixed", "mix"])
+    parser.add_argument("--dtype", default="fp32", choices=sorted(bench_peers.DTYPES))
+    parser.add_argument("--cache", type=Path, default=Path("/tmp/hwplug-peers/models"))
+    args = parser.parse_args(argv)
+    vocab = bench_peers.MODELS[args.model]["vocab"]
+    timed = bench_peers.workload(args.workload, vocab, 0)
+    warm = bench_peers.workload(args.workload, vocab, 2)
+    worker_args = argparse.Namespace(
+        checkpoint=str(bench_peers.ensure_checkpoint(args.cache, args.model)),
+        dtype=args.dtype,
+        threads=0,
+        workload_shapes=bench_peers.workload_shapes([timed]),
+    )
+    worker = bench_peers.TinyEngineWorker(worker_args)
+    worker.load()
+    worker.generate(warm["prompts"], [min(2, n) for n in warm["max_tokens"]])
+    seconds: dict[str, float] = {}
+    _time_calls(seconds)
+    start = time.perf_counter()
+    worker.generate(timed["prompts"], timed["max_tokens"])
+    total = time.perf_counter() - start
+    report = {
+        "model": args.model,
+        "workload": args.workload,
+        "dtype": args.dtype,
+        "seconds": round(total, 3),
+        **{label: round(value, 3) for label, value in seconds.items()},
+        "scheduler and sampling": round(total - seconds.get("runner steps", 0.0), 3),
+    }
+    print(json.dumps(report, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

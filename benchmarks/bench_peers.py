@@ -291,16 +291,22 @@ WORKERS: dict[str, type[Worker]] = {
 }
 
 
+def workload_shapes(loads: list[dict[str, Any]]) -> dict[str, int]:
+    """What an engine is configured for to serve every one of ``loads``: the most
+    prompts, the most prompt tokens, and the longest sequence (plus a margin)."""
+    shapes = [(len(p), n) for w in loads for p, n in zip(w["prompts"], w["max_tokens"])]
+    return {
+        "count": max(len(w["prompts"]) for w in loads),
+        "tokens": max(sum(map(len, w["prompts"])) for w in loads),
+        "max_len": max(p + n for p, n in shapes) + 8,
+    }
+
+
 def run_worker(args: argparse.Namespace) -> int:
     """One engine, one model, the workloads in turn: print one JSON object."""
     spawned = args.spawned
     loads = {w: workload(w, args.vocab, 0, args.scale) for w in args.workloads}
-    shapes = [(len(p), n) for w in loads.values() for p, n in zip(w["prompts"], w["max_tokens"])]
-    args.workload_shapes = {
-        "count": max(len(w["prompts"]) for w in loads.values()),
-        "tokens": max(sum(map(len, w["prompts"])) for w in loads.values()),
-        "max_len": max(p + n for p, n in shapes) + 8,
-    }
+    args.workload_shapes = workload_shapes(list(loads.values()))
     worker = WORKERS[args.worker](args)
     start = time.perf_counter()
     worker.load()
