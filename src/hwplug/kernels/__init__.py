@@ -16,6 +16,11 @@ when a Triton kernel is about to run.
 
 from __future__ import annotations
 
+from hwplug.kernels.cpu_decode import (
+    NATIVE_CACHE_DTYPES,
+    native_decode_unavailable_reason,
+    paged_decode_attention,
+)
 from hwplug.kernels.formats import (
     CACHE_DTYPES,
     FP8_FORMATS,
@@ -41,6 +46,7 @@ __all__ = [
     "FP8_FORMATS",
     "INPUT_DTYPES",
     "LINEAR_BACKENDS",
+    "NATIVE_CACHE_DTYPES",
     "Fp8Format",
     "compute_kv_scales",
     "fp8_format",
@@ -48,6 +54,8 @@ __all__ = [
     "gather_kv_cache",
     "is_fp8",
     "linear",
+    "native_decode_unavailable_reason",
+    "paged_decode_attention",
     "select_backend",
     "triton_unavailable_reason",
     "write_kv_cache",

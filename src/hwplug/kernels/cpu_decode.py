@@ -1,0 +1,372 @@
+"""Paged decode attention on CPUs, reading the cache pages where they lie.
+
+A decoding sequence has one query token; its attention reads every key and
+value of its context once. Done with torch ops, the pages are first copied
+into a dense tensor (a gather) and read again by SDPA: three passes over the
+cache where one would do, and on a CPU that traffic is the cost. This module
+runs a small C kernel (``csrc/paged_decode.c``) that follows the block table
+and computes each sequence's attention with an online softmax, a page at a
+time, for float32, bfloat16, float16 and fp8 caches (fp8 decoded through the
+256 values of its codes), on torch's OpenMP threads.
+
+The kernel is compiled on first use with the system's C compiler (``$CC``,
+else ``cc``, ``gcc`` or ``clang``; ``-O3 -march=native`` and OpenMP when the
+compiler has it) into ``$XDG_CACHE_HOME/hwplug/kernels`` (default
+``~/.cache/hwplug/kernels``; a temporary directory when that is not
+writable), keyed by the source, the compiler and the CPU, and loaded with
+:mod:`ctypes`; a later process loads the built library. Where it cannot be
+built (no compiler), or ``HWPLUG_NATIVE_KERNELS=0`` is set,
+:func:`native_decode_unavailable_reason` says why and callers take their
+torch path (the torch attention backend gathers, as before).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import logging
+import os
+import platform
+import shlex
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import torch
+
+from hwplug.kernels.formats import FP8_FORMATS
+
+__all__ = [
+    "NATIVE_CACHE_DTYPES",
+    "native_decode_unavailable_reason",
+    "paged_decode_attention",
+]
+
+log = logging.getLogger(__name__)
+
+_SOURCE = Path(__file__).with_name("csrc") / "paged_decode.c"
+_INTERFACE_VERSION = 1
+_MAX_BLOCK_SIZE = 256
+"""The largest block size the kernel takes (its per-page score buffer)."""
+
+_KINDS: dict[torch.dtype, int] = {
+    torch.float32: 0,
+    torch.bfloat16: 1,
+    torch.float16: 2,
+    **dict.fromkeys(FP8_FORMATS, 3),
+}
+NATIVE_CACHE_DTYPES = frozenset(_KINDS)
+"""The cache dtypes the kernel reads."""
+
+_ENV = "HWPLUG_NATIVE_KERNELS"
+
+
+def native_decode_unavailable_reason(device: torch.device | str = "cpu") -> str | None:
+    """Why the native decode kernel cannot run on ``device``'s tensors, or None when it can.
+
+    It runs on CPU tensors when the kernel has been, or can be, built here and
+    ``HWPLUG_NATIVE_KERNELS`` is not ``0`` (read at each call). The first call
+    that can run builds the library (about a second, once per machine).
+    """
+    if torch.device(device).type != "cpu":
+        return f"the native decode kernel runs on CPU tensors, not {torch.device(device).type}"
+    if os.environ.get(_ENV, "").strip() == "0":
+        return f"{_ENV}=0 is set"
+    library = _library()
+    return library if isinstance(library, str) else None
+
+
+def paged_decode_attention(
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    seq_lens: torch.Tensor,
+    *,
+    scale: float,
+    sliding_window: int | None = None,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Attention of one query token per sequence over its paged keys and values.
+
+    ``query`` is ``[n, num_heads, head_size]`` (any float dtype; computed in
+    float32), the caches ``[num_blocks, block_size, num_kv_heads, head_size]``
+    in a dtype of :data:`NATIVE_CACHE_DTYPES` (fp8 codes are decoded as
+    they are, unscaled), ``block_table`` ``[n, >= blocks]`` block ids,
+    ``seq_lens`` ``[n]`` lengths (the query is each sequence's last
+    position). Query head ``h`` reads key/value head ``h // (num_heads //
+    num_kv_heads)``. With ``sliding_window`` a sequence sees its last
+    ``sliding_window`` positions. Returns float32 ``[n, num_heads,
+    head_size]`` (into ``out`` when given).
+
+    The values are checked (lengths in ``1..blocks * block_size``, block ids
+    in range): a bad one is a ``ValueError``, never a read out of bounds.
+    Raises ``RuntimeError`` with the reason when the kernel cannot run here.
+    """
+    reason = native_decode_unavailable_reason(query.device)
+    if reason is not None:
+        raise RuntimeError(f"the native paged decode kernel cannot run: {reason}")
+    _check(query, key_cache, value_cache, block_table, seq_lens, sliding_window)
+    n = query.shape[0]
+    blocks, block_size = key_cache.shape[0], key_cache.shape[1]
+    table = block_table.to(torch.int64)
+    lens = seq_lens.to(torch.int64)
+    if n:
+        low, high = (int(x) for x in torch.aminmax(lens))
+        if low < 1 or high > table.shape[1] * block_size:
+            raise ValueError(
+                f"seq_lens must lie in 1..{table.shape[1] * block_size} (the block table's "
+                f"{table.shape[1]} blocks of {block_size}); got {low}..{high}"
+            )
+        used = [table[i, : -(-int(length) // block_size)] for i, length in enumerate(lens)]
+        ids = torch.cat(used)
+        if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= blocks):
+            raise ValueError(
+                f"block_table holds block ids outside 0..{blocks - 1} within the sequences' "
+                f"lengths: {int(ids.min())}..{int(ids.max())}"
+            )
+    return run(
+        query.to(torch.float32),
+        key_cache,
+        value_cache,
+        table,
+        lens,
+        scale=scale,
+        sliding_window=sliding_window,
+        out=out,
+    )
+
+
+def _check(
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    seq_lens: torch.Tensor,
+    sliding_window: int | None,
+) -> None:
+    if query.dim() != 3:
+        raise ValueError(f"query must be [n, num_heads, head_size]; got {list(query.shape)}")
+    if key_cache.dim() != 4 or key_cache.shape != value_cache.shape:
+        raise ValueError(
+            "key_cache and value_cache must both be [num_blocks, block_size, num_kv_heads, "
+            f"head_size]; got {list(key_cache.shape)} and {list(value_cache.shape)}"
+        )
+    if key_cache.dtype != value_cache.dtype or key_cache.dtype not in _KINDS:
+        allowed = ", ".join(sorted(str(d).removeprefix("torch.") for d in _KINDS))
+        raise ValueError(
+            f"the caches must share a dtype of {allowed}; got "
+            f"{str(key_cache.dtype).removeprefix('torch.')} and "
+            f"{str(value_cache.dtype).removeprefix('torch.')}"
+        )
+    n, heads, head_size = query.shape
+    _, block_size, kv_heads, cache_head_size = key_cache.shape
+    if cache_head_size != head_size or kv_heads == 0 or heads % kv_heads != 0:
+        raise ValueError(
+            f"query [n, {heads}, {head_size}] does not fit caches of {kv_heads} key/value heads "
+            f"of size {cache_head_size}: the head sizes must match and the query heads be a "
+            "multiple of the key/value heads"
+        )
+    if not 1 <= block_size <= _MAX_BLOCK_SIZE:
+        raise ValueError(f"block_size must lie in 1..{_MAX_BLOCK_SIZE}; got {block_size}")
+    if block_table.dim() != 2 or block_table.shape[0] != n or block_table.is_floating_point():
+        raise ValueError(
+            f"block_table must be an integer [n={n}, blocks] tensor; got "
+            f"{list(block_table.shape)} of {block_table.dtype}"
+        )
+    if seq_lens.shape != (n,) or seq_lens.is_floating_point():
+        raise ValueError(
+            f"seq_lens must be an integer [n={n}] tensor; got {list(seq_lens.shape)} "
+            f"of {seq_lens.dtype}"
+        )
+    if sliding_window is not None and sliding_window < 1:
+        raise ValueError(f"sliding_window must be >= 1 or None; got {sliding_window}")
+    devices = {t.device.type for t in (query, key_cache, value_cache, block_table, seq_lens)}
+    if devices != {"cpu"}:
+        raise ValueError(f"every tensor must be on the CPU; got {sorted(devices)}")
+
+
+@functools.cache
+def _code_values(dtype: torch.dtype) -> torch.Tensor:
+    """The float32 value of each of the 256 codes of an fp8 dtype."""
+    return torch.arange(256, dtype=torch.uint8).view(dtype).to(torch.float32)
+
+
+def run(
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    seq_lens: torch.Tensor,
+    *,
+    scale: float,
+    sliding_window: int | None,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """The kernel on checked arguments (no value checks: the torch attention backend's
+    ``prepare`` has made them): float32 ``query``, int64 ``block_table`` and ``seq_lens``
+    with every block id in range and every length covered by its row."""
+    library = _library()
+    if isinstance(library, str):
+        raise RuntimeError(f"the native paged decode kernel cannot run: {library}")
+    n, heads, head_size = query.shape
+    _, block_size, kv_heads, _ = key_cache.shape
+    query = query.contiguous()
+    table = block_table if block_table.stride(-1) == 1 else block_table.contiguous()
+    lens = seq_lens.contiguous()
+    if out is None:
+        out = torch.empty(query.shape, dtype=torch.float32)
+    if n == 0:
+        return out
+    kind = _KINDS[key_cache.dtype]
+    codes = _code_values(key_cache.dtype) if kind == 3 else None
+    if key_cache.stride() != value_cache.stride() or key_cache.stride(-1) != 1:
+        key_cache, value_cache = key_cache.contiguous(), value_cache.contiguous()
+    strides = key_cache.stride()
+    rc = library.hwplug_paged_decode(
+        query.data_ptr(),
+        key_cache.data_ptr(),
+        value_cache.data_ptr(),
+        kind,
+        None if codes is None else codes.data_ptr(),
+        strides[0],
+        strides[1],
+        strides[2],
+        table.data_ptr(),
+        table.stride(0),
+        lens.data_ptr(),
+        n,
+        kv_heads,
+        heads // kv_heads,
+        head_size,
+        block_size,
+        0 if sliding_window is None else sliding_window,
+        float(scale),
+        out.data_ptr(),
+        torch.get_num_threads(),
+    )
+    if rc != 0:
+        raise MemoryError("the native paged decode kernel could not allocate its work buffers")
+    return out
+
+
+# -- building and loading ---------------------------------------------------------------------
+
+
+def _compilers() -> list[list[str]]:
+    named = os.environ.get("CC", "").strip()
+    if named:
+        return [shlex.split(named)]
+    found = []
+    for name in ("cc", "gcc", "clang"):
+        path = shutil.which(name)
+        if path is not None:
+            found.append([path])
+    return found
+
+
+def _cpu_identity() -> str:
+    """What ``-march=native`` depends on: the CPU's model and flags (Linux), else its name."""
+    try:
+        text = Path("/proc/cpuinfo").read_text(errors="replace")
+    except OSError:
+        return f"{platform.machine()} {platform.processor()}"
+    keep = [
+        line
+        for line in text.splitlines()
+        if line.split(":")[0].strip() in ("model name", "flags", "Features", "CPU part")
+    ]
+    return "\n".join(sorted(set(keep)))
+
+
+def _cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "hwplug" / "kernels"
+
+
+_FLAG_SETS = (
+    ("-O3", "-march=native", "-fopenmp"),
+    ("-O3", "-fopenmp"),
+    ("-O3", "-march=native"),
+    ("-O3",),
+)
+"""Tried in order: a compiler without OpenMP, or without ``-march=native``, still builds."""
+
+
+@functools.cache
+def _library() -> ctypes.CDLL | str:
+    """The loaded kernel library, or why there is none (built once per process at most)."""
+    compilers = _compilers()
+    if not compilers:
+        return "no C compiler found (set CC, or install cc, gcc or clang)"
+    source = _SOURCE.read_bytes()
+    problems = []
+    for compiler in compilers:
+        for flags in _FLAG_SETS:
+            key = hashlib.sha256(
+                b"\0".join(
+                    [source, " ".join(compiler + list(flags)).encode(), _cpu_identity().encode()]
+                )
+            ).hexdigest()[:20]
+            try:
+                path = _build(compiler, flags, key)
+                library = ctypes.CDLL(str(path))
+            except (OSError, subprocess.SubprocessError) as error:
+                problems.append(f"{' '.join(compiler + list(flags))}: {error}")
+                continue
+            if library.hwplug_paged_decode_version() != _INTERFACE_VERSION:
+                problems.append(f"{path}: built from another version of the source")
+                continue
+            _declare(library)
+            log.debug("native paged decode kernel: %s (%s)", path, " ".join(flags))
+            return library
+    reason = "the native paged decode kernel did not build: " + problems[-1]
+    log.warning("%s; CPU attention gathers pages instead", reason)
+    return reason
+
+
+def _build(compiler: list[str], flags: tuple[str, ...], key: str) -> Path:
+    """The built library for this key: found in the cache, else compiled into it."""
+    for directory in (_cache_dir(), Path(tempfile.gettempdir()) / f"hwplug-kernels-{os.getuid()}"):
+        target = directory / f"paged_decode-{key}.so"
+        if target.exists():
+            return target
+        try:
+            directory.mkdir(parents=True, exist_ok=True)
+        except OSError:
+            continue
+        if not os.access(directory, os.W_OK):
+            continue
+        # compiled beside its final name, then renamed: processes building at once
+        # (ranks of one engine) never load a half-written file
+        fd, partial = tempfile.mkstemp(dir=directory, prefix=".paged_decode-", suffix=".so")
+        os.close(fd)
+        try:
+            command = [*compiler, *flags, "-shared", "-fPIC", "-std=c11", str(_SOURCE)]
+            command += ["-o", partial, "-lm"]
+            done = subprocess.run(command, capture_output=True, text=True, timeout=300)
+            if done.returncode != 0:
+                last = (done.stderr.strip().splitlines() or ["(no message)"])[-1]
+                raise subprocess.SubprocessError(f"exit status {done.returncode}: {last}")
+            os.replace(partial, target)
+        finally:
+            if os.path.exists(partial):
+                os.unlink(partial)
+        log.info("built the native paged decode kernel: %s", target)
+        return target
+    raise OSError("no writable directory to build the kernel in")
+
+
+def _declare(library: ctypes.CDLL) -> None:
+    i64, ptr, i32 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_int
+    function = library.hwplug_paged_decode
+    function.restype = i32
+    function.argtypes = [
+        ptr, ptr, ptr, i32, ptr,  # query, key_cache, value_cache, kind, code values
+        i64, i64, i64,  # cache strides: block, position, head
+        ptr, i64, ptr,  # block table, its row stride, lengths
+        i64, i32, i32, i32, i32,  # n, kv heads, group, head size, block size
+        i64, ctypes.c_float, ptr, i32,  # window, scale, out, threads
+    ]  # fmt: skip

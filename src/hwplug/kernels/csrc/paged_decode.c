@@ -1,0 +1,211 @@
+/*
+ * Paged decode attention for CPUs: one query token per sequence, keys and
+ * values read where they lie in the paged cache (no gathered copy).
+ *
+ * Built on first use by hwplug.kernels.cpu_decode with the system C compiler
+ * (-O3 -march=native, OpenMP when the compiler has it) and loaded with
+ * ctypes; torch's own OpenMP runtime is already loaded, so the kernel shares
+ * its threads.
+ *
+ * Layouts (element strides are given; the last dimension is contiguous):
+ *   query  [n, kv_heads, group, head_size] float32, contiguous
+ *   cache  [num_blocks, block_size, kv_heads, head_size] in `kind`
+ *   table  [n, table_stride] int64 block ids (only the first blocks of each
+ *          row that cover its length are read)
+ *   lens   [n] int64 sequence lengths (the query is the last position)
+ *   out    [n, kv_heads, group, head_size] float32, contiguous
+ * Each (sequence, key/value head) pair is one work item: its `group` query
+ * rows attend to positions [max(0, len - window), len) with an online
+ * softmax taken a page at a time.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+enum { KIND_F32 = 0, KIND_BF16 = 1, KIND_F16 = 2, KIND_CODES = 3 };
+
+#define MAX_BLOCK 256
+
+static inline float bf16_to_f32(uint16_t h) {
+    uint32_t bits = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+static inline float f16_to_f32(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
+    uint32_t exp = (h >> 10) & 0x1fu;
+    uint32_t man = h & 0x3ffu;
+    uint32_t bits;
+    if (exp == 0) {
+        if (man == 0) {
+            bits = sign;
+        } else { /* subnormal: normalise */
+            int e = -1;
+            do {
+                man <<= 1;
+                e++;
+            } while ((man & 0x400u) == 0);
+            bits = sign | ((uint32_t)(127 - 15 - e) << 23) | ((man & 0x3ffu) << 13);
+        }
+    } else if (exp == 31) {
+        bits = sign | 0x7f800000u | (man << 13);
+    } else {
+        bits = sign | ((exp + 127 - 15) << 23) | (man << 13);
+    }
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+/* One row of `head_size` cache elements as float32 into `dst` (float32 rows are read in place). */
+static inline const float *load_row(const void *base, int64_t offset, int kind, int head_size,
+                                    const float *lut, float *dst) {
+    switch (kind) {
+    case KIND_F32:
+        return (const float *)base + offset;
+    case KIND_BF16: {
+        const uint16_t *src = (const uint16_t *)base + offset;
+        for (int d = 0; d < head_size; d++) dst[d] = bf16_to_f32(src[d]);
+        return dst;
+    }
+    case KIND_F16: {
+        const uint16_t *src = (const uint16_t *)base + offset;
+        for (int d = 0; d < head_size; d++) dst[d] = f16_to_f32(src[d]);
+        return dst;
+    }
+    default: {
+        const uint8_t *src = (const uint8_t *)base + offset;
+        for (int d = 0; d < head_size; d++) dst[d] = lut[src[d]];
+        return dst;
+    }
+    }
+}
+
+/* Heads [head, head + heads) of one sequence: rows = heads * group query rows. */
+static void attend_one(const float *q, const void *key_cache, const void *value_cache, int kind,
+                       const float *lut, int64_t block_stride, int64_t pos_stride,
+                       int64_t head_stride, const int64_t *table, int64_t len, int head,
+                       int heads, int group, int head_size, int block_size, int64_t window,
+                       float scale, float *out, float *work) {
+    /* work: acc [rows * head_size], max [rows], sum [rows], scores [rows * MAX_BLOCK],
+       row [head_size] */
+    const int rows = heads * group;
+    float *acc = work;
+    float *row_max = acc + (int64_t)rows * head_size;
+    float *row_sum = row_max + rows;
+    float *scores = row_sum + rows;
+    float *row = scores + (int64_t)rows * MAX_BLOCK;
+    for (int64_t i = 0; i < (int64_t)rows * head_size; i++) acc[i] = 0.0f;
+    for (int r = 0; r < rows; r++) {
+        row_max[r] = -INFINITY;
+        row_sum[r] = 0.0f;
+    }
+    const int64_t first = (window > 0 && len > window) ? len - window : 0;
+    for (int64_t start = first - first % block_size; start < len; start += block_size) {
+        const int64_t block = table[start / block_size];
+        const int64_t lo = start < first ? first : start;
+        const int64_t hi = start + block_size < len ? start + block_size : len;
+        const int count = (int)(hi - lo);
+        const int64_t page = block * block_stride + (lo - start) * pos_stride;
+        /* the scores of this page's positions */
+        for (int p = 0; p < count; p++) {
+            for (int h = 0; h < heads; h++) {
+                const int64_t at = page + p * pos_stride + (int64_t)(head + h) * head_stride;
+                const float *k = load_row(key_cache, at, kind, head_size, lut, row);
+                for (int g = 0; g < group; g++) {
+                    const int r = h * group + g;
+                    const float *qr = q + (int64_t)r * head_size;
+                    float s = 0.0f;
+#pragma omp simd reduction(+ : s)
+                    for (int d = 0; d < head_size; d++) s += qr[d] * k[d];
+                    scores[r * MAX_BLOCK + p] = s * scale;
+                }
+            }
+        }
+        /* the online softmax: each row's new maximum rescales what it has summed */
+        for (int r = 0; r < rows; r++) {
+            float *sr = scores + r * MAX_BLOCK;
+            float m = row_max[r];
+            /* a NaN score (a NaN query or key) is skipped here and makes the sums NaN below */
+            for (int p = 0; p < count; p++) m = sr[p] > m ? sr[p] : m;
+            const float correction =
+                row_max[r] == m ? 1.0f : (row_max[r] == -INFINITY ? 0.0f : expf(row_max[r] - m));
+            float *ar = acc + (int64_t)r * head_size;
+            if (correction != 1.0f) {
+                row_sum[r] *= correction;
+                for (int d = 0; d < head_size; d++) ar[d] *= correction;
+            }
+            row_max[r] = m;
+            float total = 0.0f;
+            for (int p = 0; p < count; p++) {
+                sr[p] = expf(sr[p] - m);
+                total += sr[p];
+            }
+            row_sum[r] += total;
+        }
+        /* the page's values, weighted */
+        for (int p = 0; p < count; p++) {
+            for (int h = 0; h < heads; h++) {
+                const int64_t at = page + p * pos_stride + (int64_t)(head + h) * head_stride;
+                const float *v = load_row(value_cache, at, kind, head_size, lut, row);
+                for (int g = 0; g < group; g++) {
+                    const int r = h * group + g;
+                    const float w = scores[r * MAX_BLOCK + p];
+                    float *ar = acc + (int64_t)r * head_size;
+#pragma omp simd
+                    for (int d = 0; d < head_size; d++) ar[d] += w * v[d];
+                }
+            }
+        }
+    }
+    for (int r = 0; r < rows; r++) {
+        const float inv = 1.0f / row_sum[r];
+        const float *ar = acc + (int64_t)r * head_size;
+        float *o = out + (int64_t)r * head_size;
+        for (int d = 0; d < head_size; d++) o[d] = ar[d] * inv;
+    }
+}
+
+/* The version of this file's interface: the loader checks it. */
+int hwplug_paged_decode_version(void) { return 1; }
+
+/* Returns 0, or 1 when a work buffer could not be allocated, 2 for a block size over MAX_BLOCK. */
+int hwplug_paged_decode(const float *query, const void *key_cache, const void *value_cache,
+                        int kind, const float *lut, int64_t block_stride, int64_t pos_stride,
+                        int64_t head_stride, const int64_t *table, int64_t table_stride,
+                        const int64_t *lens, int64_t n, int kv_heads, int group, int head_size,
+                        int block_size, int64_t window, float scale, float *out, int threads) {
+    if (block_size > MAX_BLOCK) return 2;
+    /* work items: whole sequences, or parts of their heads when there are few sequences */
+    int split = 1;
+    while (split < kv_heads && n * split < 4 * (int64_t)threads) split *= 2;
+    while (kv_heads % split != 0) split--;
+    const int heads = kv_heads / split;
+    const int64_t items = n * split;
+    const int rows = heads * group;
+    const int64_t work_floats =
+        (int64_t)rows * head_size + 2 * rows + (int64_t)rows * MAX_BLOCK + head_size;
+    int failed = 0;
+#pragma omp parallel num_threads(threads > 0 ? threads : 1) reduction(| : failed)
+    {
+        float *work = (float *)malloc(sizeof(float) * work_floats);
+        if (work == NULL) {
+            failed = 1;
+        }
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t item = 0; item < items; item++) {
+            if (work == NULL) continue;
+            const int64_t b = item / split;
+            const int head = (int)(item % split) * heads;
+            const int64_t offset = (b * kv_heads + head) * (int64_t)group * head_size;
+            attend_one(query + offset, key_cache, value_cache, kind, lut, block_stride,
+                       pos_stride, head_stride, table + b * table_stride, lens[b], head, heads,
+                       group, head_size, block_size, window, scale, out + offset, work);
+        }
+        free(work);
+    }
+    return failed;
+}
