@@ -2,7 +2,8 @@
 
 A model calls attention once per layer with the same metadata; an engine then
 refills the same buffers in place for its next step. Every call must attend
-exactly what its metadata says now. 16-bit models on a CPU attend in float32.
+exactly what its metadata says now. 16-bit models on a CPU attend in float32. Each
+test runs on both CPU decode paths: the native kernel and the gather.
 """
 
 from __future__ import annotations
@@ -16,6 +17,14 @@ from hwplug.attention import AttentionMetadata, TorchAttentionBackend
 from tests.attention.helpers import Batch, make_batch, reference_attention
 
 HEADS, KV_HEADS, HEAD, BLOCK = 4, 2, 16, 4
+
+
+@pytest.fixture(autouse=True, params=["pages in place", "gathered pages"])
+def decode_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every test runs twice on a CPU: decoding sequences attend through the native kernel
+    (reading pages in place), then through the gather path (``HWPLUG_NATIVE_KERNELS=0``)."""
+    if request.param == "gathered pages":
+        monkeypatch.setenv("HWPLUG_NATIVE_KERNELS", "0")
 
 
 def _batch(seq_lens: list[int], query_lens: list[int], **options: Any) -> Batch:

@@ -8,7 +8,10 @@ output, so the gathered pages are only cast), and runs
 sliding-window masks and grouped heads. All decoding sequences (one query
 token each) run as one batched call; every other sequence runs on its own.
 On a CPU, 16-bit models attend in float32 (converted while the pages are
-gathered): CPU attention kernels are several times slower in 16 bits.
+gathered): CPU attention kernels are several times slower in 16 bits. On a
+CPU, decoding sequences skip the gather: the C kernel of
+:mod:`hwplug.kernels.cpu_decode` reads their pages where they lie (when it
+cannot be built, or ``HWPLUG_NATIVE_KERNELS=0``, they are gathered as above).
 
 What it derives from a step (the value checks, which rows are written, the
 decode groups, gather indices and masks) is worked out once, from the
@@ -83,7 +86,22 @@ class TorchAttentionBackend(AttentionBackend):
             queries = queries * _on(k_scale, queries)
         pages = _Pages(key_cache, value_cache, plan.block_size, compute)
         window = self.sliding_window
-        for group in plan.decode_groups(pages.row_bytes):
+        in_place = bool(plan.decode_lens) and _reads_pages_in_place(queries, key_cache, plan)
+        if in_place:
+            # one query token per sequence: the C kernel follows the block table, no gather
+            from hwplug.kernels import cpu_decode
+
+            result = cpu_decode.run(
+                queries.index_select(0, plan._decode_rows),
+                key_cache,
+                value_cache,
+                plan._decode_table,
+                plan._decode_len_tensor,
+                scale=self.scale,
+                sliding_window=window,
+            )
+            out.index_copy_(0, plan._decode_rows, result.to(out.dtype))
+        for group in [] if in_place else plan.decode_groups(pages.row_bytes):
             k, v = pages.gather(group.index, group.size, group.longest)
             mask = group.mask(window)
             if mask is not None:
@@ -121,6 +139,26 @@ class TorchAttentionBackend(AttentionBackend):
         # every batch shape gives NaN, as the attention it computes does.
         out.masked_fill_(query.isnan().any(dim=-1, keepdim=True), math.nan)
         return out
+
+
+def _reads_pages_in_place(
+    queries: torch.Tensor, key_cache: torch.Tensor, plan: TorchAttentionStep
+) -> bool:
+    """Whether decode attention runs on the native CPU kernel, which reads the pages where
+    they lie, instead of gathering them: float32 attention on CPU tensors, a cache dtype
+    and block size it reads, and the kernel built (see :mod:`hwplug.kernels.cpu_decode`)."""
+    import torch
+
+    # lazy: torch; `import hwplug` (which lists the backends) stays light
+    from hwplug.kernels import cpu_decode
+
+    return (
+        queries.device.type == "cpu"
+        and queries.dtype == torch.float32
+        and key_cache.dtype in cpu_decode.NATIVE_CACHE_DTYPES
+        and plan.block_size <= cpu_decode.NATIVE_MAX_BLOCK_SIZE
+        and cpu_decode.native_decode_unavailable_reason() is None
+    )
 
 
 def _compute_dtype(query: torch.Tensor) -> torch.dtype:

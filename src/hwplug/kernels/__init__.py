@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from hwplug.kernels.cpu_decode import (
     NATIVE_CACHE_DTYPES,
+    NATIVE_MAX_BLOCK_SIZE,
     native_decode_unavailable_reason,
     paged_decode_attention,
 )
@@ -46,6 +47,7 @@ __all__ = [
     "FP8_FORMATS",
     "INPUT_DTYPES",
     "LINEAR_BACKENDS",
+    "NATIVE_MAX_BLOCK_SIZE",
     "NATIVE_CACHE_DTYPES",
     "Fp8Format",
     "compute_kv_scales",

@@ -39,6 +39,7 @@ import torch
 from hwplug.kernels.formats import FP8_FORMATS
 
 __all__ = [
+    "NATIVE_MAX_BLOCK_SIZE",
     "NATIVE_CACHE_DTYPES",
     "native_decode_unavailable_reason",
     "paged_decode_attention",
@@ -48,7 +49,7 @@ log = logging.getLogger(__name__)
 
 _SOURCE = Path(__file__).with_name("csrc") / "paged_decode.c"
 _INTERFACE_VERSION = 1
-_MAX_BLOCK_SIZE = 256
+NATIVE_MAX_BLOCK_SIZE = 256
 """The largest block size the kernel takes (its per-page score buffer)."""
 
 _KINDS: dict[torch.dtype, int] = {
@@ -169,8 +170,8 @@ def _check(
             f"of size {cache_head_size}: the head sizes must match and the query heads be a "
             "multiple of the key/value heads"
         )
-    if not 1 <= block_size <= _MAX_BLOCK_SIZE:
-        raise ValueError(f"block_size must lie in 1..{_MAX_BLOCK_SIZE}; got {block_size}")
+    if not 1 <= block_size <= NATIVE_MAX_BLOCK_SIZE:
+        raise ValueError(f"block_size must lie in 1..{NATIVE_MAX_BLOCK_SIZE}; got {block_size}")
     if block_table.dim() != 2 or block_table.shape[0] != n or block_table.is_floating_point():
         raise ValueError(
             f"block_table must be an integer [n={n}, blocks] tensor; got "

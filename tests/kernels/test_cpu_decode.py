@@ -1,0 +1,416 @@
+"""The native CPU paged-decode kernel: exact attention read from the pages, every misuse refused.
+
+It is judged against float64 attention over the same pages, gathered here by
+hand; its build is exercised from a cold cache and with no compiler at all,
+where it must say why and leave the torch backend on its gather path.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from hwplug.attention import TorchAttentionBackend
+from hwplug.kernels import (
+    FP8_FORMATS,
+    NATIVE_CACHE_DTYPES,
+    NATIVE_MAX_BLOCK_SIZE,
+    native_decode_unavailable_reason,
+    paged_decode_attention,
+)
+from tests.attention.helpers import make_batch, reference_attention
+
+pytestmark = pytest.mark.skipif(
+    native_decode_unavailable_reason() is not None,
+    reason=f"the native kernel cannot be built here: {native_decode_unavailable_reason()}",
+)
+
+
+def _pages(
+    lens: list[int],
+    *,
+    heads: int,
+    kv_heads: int,
+    head_size: int,
+    block_size: int,
+    dtype: torch.dtype = torch.float32,
+    seed: int = 0,
+    spare_columns: int = 0,
+) -> tuple[torch.Tensor, ...]:
+    """Query, caches (scattered pages), block table (with spare columns of junk) and lengths."""
+    gen = torch.Generator().manual_seed(seed)
+    needed = [-(-n // block_size) for n in lens]
+    blocks = sum(needed) + 3
+    order = torch.randperm(blocks, generator=gen)
+    width = max(needed, default=0) + spare_columns
+    table = torch.full((len(lens), width), -7, dtype=torch.int64)  # junk past each row's own
+    used = 0
+    for i, count in enumerate(needed):
+        table[i, :count] = order[used : used + count]
+        used += count
+    shape = (blocks, block_size, kv_heads, head_size)
+    key_cache = torch.randn(shape, generator=gen).to(dtype)
+    value_cache = torch.randn(shape, generator=gen).to(dtype)
+    query = torch.randn(len(lens), heads, head_size, generator=gen)
+    return query, key_cache, value_cache, table, torch.tensor(lens, dtype=torch.int64)
+
+
+def _oracle(
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    table: torch.Tensor,
+    lens: torch.Tensor,
+    *,
+    scale: float,
+    window: int | None = None,
+) -> torch.Tensor:
+    """Float64 attention of each last position over its visible positions."""
+    n, heads, head_size = query.shape
+    block_size, kv_heads = key_cache.shape[1], key_cache.shape[2]
+    out = torch.empty(n, heads, head_size, dtype=torch.float64)
+    for i in range(n):
+        length = int(lens[i])
+        first = 0 if window is None else max(0, length - window)
+        positions = torch.arange(first, length)
+        blocks = table[i, positions // block_size]
+        k = key_cache[blocks, positions % block_size].to(torch.float64)  # [L, kv_heads, hd]
+        v = value_cache[blocks, positions % block_size].to(torch.float64)
+        k = k.repeat_interleave(heads // kv_heads, dim=1)
+        v = v.repeat_interleave(heads // kv_heads, dim=1)
+        scores = torch.einsum("hd,lhd->hl", query[i].to(torch.float64), k) * scale
+        out[i] = torch.einsum("hl,lhd->hd", scores.softmax(-1), v)
+    return out
+
+
+# ---------------------------------------------------------------------------
+# Results
+# ---------------------------------------------------------------------------
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    lens=st.lists(st.integers(1, 90), min_size=1, max_size=6),
+    kv_heads=st.sampled_from([1, 2, 3]),
+    group=st.sampled_from([1, 2, 4, 7]),
+    head_size=st.sampled_from([1, 8, 17, 64, 80, 128]),
+    block_size=st.sampled_from([1, 3, 16, 32]),
+    window=st.one_of(st.none(), st.integers(1, 100)),
+    spare=st.integers(0, 2),
+    threads=st.integers(1, 3),
+    seed=st.integers(0, 2**16),
+)
+def test_float32_pages_give_float64_attention(
+    lens: list[int],
+    kv_heads: int,
+    group: int,
+    head_size: int,
+    block_size: int,
+    window: int | None,
+    spare: int,
+    threads: int,
+    seed: int,
+) -> None:
+    query, key_cache, value_cache, table, seq_lens = _pages(
+        lens,
+        heads=kv_heads * group,
+        kv_heads=kv_heads,
+        head_size=head_size,
+        block_size=block_size,
+        seed=seed,
+        spare_columns=spare,
+    )
+    scale = head_size**-0.5
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        out = paged_decode_attention(
+            query, key_cache, value_cache, table, seq_lens, scale=scale, sliding_window=window
+        )
+    finally:
+        torch.set_num_threads(before)
+    assert out.dtype == torch.float32
+    assert out.shape == query.shape
+    expected = _oracle(query, key_cache, value_cache, table, seq_lens, scale=scale, window=window)
+    torch.testing.assert_close(out.double(), expected, atol=2e-5, rtol=2e-5)
+
+
+@pytest.mark.parametrize(
+    "dtype", [torch.bfloat16, torch.float16, *sorted(FP8_FORMATS, key=str)], ids=str
+)
+def test_every_cache_dtype_is_decoded_exactly(dtype: torch.dtype) -> None:
+    """The pages' values are what torch's cast reads from them (fp8 codes unscaled)."""
+    assert dtype in NATIVE_CACHE_DTYPES
+    query, key_cache, value_cache, table, lens = _pages(
+        [1, 37, 200, 64], heads=8, kv_heads=2, head_size=64, block_size=16, dtype=dtype
+    )
+    out = paged_decode_attention(query, key_cache, value_cache, table, lens, scale=0.125)
+    expected = _oracle(query, key_cache, value_cache, table, lens, scale=0.125)
+    torch.testing.assert_close(out.double(), expected, atol=2e-5, rtol=2e-5)
+
+
+def test_special_codes_of_half_precision_pages() -> None:
+    """Subnormal, zero, negative zero and large float16 keys read as their values."""
+    query, key_cache, value_cache, table, lens = _pages(
+        [20], heads=2, kv_heads=1, head_size=8, block_size=4, dtype=torch.float16
+    )
+    specials = torch.tensor([6e-8, -6e-8, 0.0, -0.0, 65504.0, -3e-5, 1e-4, 2.5])
+    key_cache[:] = specials.to(torch.float16)
+    query.fill_(1e-3)
+    out = paged_decode_attention(query, key_cache, value_cache, table, lens, scale=1.0)
+    expected = _oracle(query, key_cache, value_cache, table, lens, scale=1.0)
+    torch.testing.assert_close(out.double(), expected, atol=1e-5, rtol=1e-5)
+
+
+def test_a_non_contiguous_block_table_and_query_and_a_preallocated_out() -> None:
+    query, key_cache, value_cache, table, lens = _pages(
+        [5, 33], heads=4, kv_heads=2, head_size=16, block_size=4
+    )
+    wide = torch.zeros(2, table.shape[1] * 2, dtype=torch.int64)
+    wide[:, ::2] = table
+    strided_query = torch.randn(2, 4, 32)[:, :, ::2]
+    strided_query.copy_(query)
+    out = torch.full(query.shape, 5.0)
+    got = paged_decode_attention(
+        strided_query, key_cache, value_cache, wide[:, ::2], lens, scale=0.25, out=out
+    )
+    assert got is out
+    expected = _oracle(query, key_cache, value_cache, table, lens, scale=0.25)
+    torch.testing.assert_close(out.double(), expected, atol=2e-5, rtol=2e-5)
+
+
+def test_positions_a_sequence_does_not_see_are_never_read() -> None:
+    """NaN past each length (a block's tail, unused blocks) and before a window changes nothing."""
+    query, key_cache, value_cache, table, lens = _pages(
+        [6, 13], heads=4, kv_heads=2, head_size=16, block_size=4
+    )
+    clean = paged_decode_attention(
+        query, key_cache, value_cache, table, lens, scale=0.25, sliding_window=5
+    )
+    key_cache[int(table[0, 1]), 2:] = float("nan")  # positions 6, 7 of sequence 0
+    value_cache[int(table[1, 3]), 1:] = float("inf")  # positions 13.. of sequence 1
+    key_cache[int(table[1, 0])] = float("nan")  # positions 0..3: before sequence 1's window
+    used = set(table[0, :2].tolist()) | set(table[1, :4].tolist())
+    for block in set(range(key_cache.shape[0])) - used:
+        key_cache[block] = value_cache[block] = float("nan")
+    out = paged_decode_attention(
+        query, key_cache, value_cache, table, lens, scale=0.25, sliding_window=5
+    )
+    assert torch.equal(out, clean)
+
+
+def test_nan_in_a_query_row_or_a_visible_key_is_nan_in_that_row_only() -> None:
+    query, key_cache, value_cache, table, lens = _pages(
+        [9, 9], heads=4, kv_heads=2, head_size=8, block_size=4
+    )
+    query[0, 1, 3] = float("nan")
+    key_cache[int(table[1, 0]), 2, 1, 0] = float("nan")  # sequence 1, position 2, kv head 1
+    out = paged_decode_attention(query, key_cache, value_cache, table, lens, scale=0.3)
+    nan_rows = out.isnan().any(-1)
+    assert nan_rows.tolist() == [[False, True, False, False], [False, False, True, True]]
+
+
+def test_an_empty_batch_returns_an_empty_result() -> None:
+    query, key_cache, value_cache, _, _ = _pages(
+        [3], heads=2, kv_heads=1, head_size=8, block_size=4
+    )
+    out = paged_decode_attention(
+        query[:0],
+        key_cache,
+        value_cache,
+        torch.zeros(0, 1, dtype=torch.int64),
+        torch.zeros(0, dtype=torch.int64),
+        scale=1.0,
+    )
+    assert out.shape == (0, 2, 8)
+
+
+# ---------------------------------------------------------------------------
+# Misuse
+# ---------------------------------------------------------------------------
+
+
+def _good() -> dict[str, object]:
+    query, key_cache, value_cache, table, lens = _pages(
+        [5, 9], heads=4, kv_heads=2, head_size=8, block_size=4
+    )
+    return {
+        "query": query,
+        "key_cache": key_cache,
+        "value_cache": value_cache,
+        "block_table": table,
+        "seq_lens": lens,
+        "scale": 0.5,
+    }
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (lambda a: a.update(query=a["query"][0]), "query must be [n, num_heads, head_size]"),
+        (
+            lambda a: a.update(value_cache=a["value_cache"][:, :2]),
+            "key_cache and value_cache must both be",
+        ),
+        (
+            lambda a: a.update(value_cache=a["value_cache"].half()),
+            "the caches must share a dtype of",
+        ),
+        (
+            lambda a: a.update(
+                key_cache=a["key_cache"].double(), value_cache=a["value_cache"].double()
+            ),
+            "float64",
+        ),
+        (lambda a: a.update(query=torch.randn(2, 3, 8)), "multiple of the key/value heads"),
+        (lambda a: a.update(query=torch.randn(2, 4, 9)), "the head sizes must match"),
+        (lambda a: a.update(block_table=a["block_table"].float()), "block_table must be an int"),
+        (lambda a: a.update(block_table=a["block_table"][:1]), "block_table must be an int"),
+        (lambda a: a.update(seq_lens=torch.tensor([5])), "seq_lens must be an integer [n=2]"),
+        (lambda a: a.update(seq_lens=torch.tensor([5, 0])), "seq_lens must lie in 1..12"),
+        (lambda a: a.update(seq_lens=torch.tensor([5, 13])), "got 5..13"),
+        (lambda a: a.update(sliding_window=0), "sliding_window must be >= 1 or None; got 0"),
+    ],
+)
+def test_bad_arguments_are_refused_with_what_is_allowed(change, message: str) -> None:
+    arguments = _good()
+    change(arguments)
+    with pytest.raises(ValueError, match=re.escape(message)):
+        paged_decode_attention(**arguments)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("bad_id", [-1, 99])
+def test_a_block_id_out_of_range_within_a_length_is_refused(bad_id: int) -> None:
+    arguments = _good()
+    table = arguments["block_table"]
+    assert isinstance(table, torch.Tensor)
+    table[1, 2] = bad_id  # sequence 1 (length 9) reads its third block
+    with pytest.raises(ValueError, match="block ids outside 0..") as caught:
+        paged_decode_attention(**arguments)  # type: ignore[arg-type]
+    assert str(bad_id) in str(caught.value)
+
+
+def test_a_block_size_over_the_kernels_limit_is_refused() -> None:
+    query, key_cache, value_cache, table, lens = _pages(
+        [3], heads=1, kv_heads=1, head_size=4, block_size=NATIVE_MAX_BLOCK_SIZE + 1
+    )
+    with pytest.raises(ValueError, match=f"block_size must lie in 1..{NATIVE_MAX_BLOCK_SIZE}"):
+        paged_decode_attention(query, key_cache, value_cache, table, lens, scale=1.0)
+
+
+def test_meta_tensors_are_not_cpu_tensors() -> None:
+    assert "runs on CPU tensors, not meta" in str(native_decode_unavailable_reason("meta"))
+    arguments = _good()
+    arguments["query"] = torch.empty(2, 4, 8, device="meta")
+    with pytest.raises(RuntimeError, match="cannot run: .*not meta"):
+        paged_decode_attention(**arguments)  # type: ignore[arg-type]
+
+
+# ---------------------------------------------------------------------------
+# Building, and the torch backend's fallback
+# ---------------------------------------------------------------------------
+
+
+_PROBE = """
+import logging, sys
+logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
+from hwplug.kernels import native_decode_unavailable_reason
+print("REASON", native_decode_unavailable_reason())
+"""
+
+
+def _probe(cache: Path, **env: str) -> subprocess.CompletedProcess[str]:
+    """A new process asking whether the kernel runs, with a kernel cache under ``cache``."""
+    environment = {**os.environ, "XDG_CACHE_HOME": str(cache), **env}
+    return subprocess.run(
+        [sys.executable, "-c", _PROBE],
+        capture_output=True,
+        text=True,
+        env=environment,
+        timeout=300,
+        check=True,
+    )
+
+
+def test_a_cold_cache_builds_the_kernel_once_and_a_later_process_loads_it(
+    tmp_path: Path,
+) -> None:
+    first = _probe(tmp_path)
+    assert "REASON None" in first.stdout
+    assert "built the native paged decode kernel" in first.stderr
+    built = list((tmp_path / "hwplug" / "kernels").glob("paged_decode-*.so"))
+    assert len(built) == 1
+    stamp = built[0].stat().st_mtime_ns
+    second = _probe(tmp_path)
+    assert "REASON None" in second.stdout
+    assert "built the" not in second.stderr, "a later process must load, not build"
+    assert built[0].stat().st_mtime_ns == stamp
+    assert not list((tmp_path / "hwplug" / "kernels").glob(".paged_decode-*")), "no leftovers"
+
+
+def test_without_a_compiler_it_says_why_and_the_engine_path_still_works(tmp_path: Path) -> None:
+    done = _probe(tmp_path, CC=str(tmp_path / "no-such-compiler"))
+    reason = done.stdout.split("REASON", 1)[1]
+    assert "did not build" in reason and "no-such-compiler" in reason
+    assert "WARNING" in done.stderr and "gathers pages instead" in done.stderr
+    assert not list((tmp_path / "hwplug" / "kernels").glob("*.so"))
+
+
+def test_the_backend_gathers_when_the_kernel_is_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    batch = make_batch(
+        [40, 7, 19], [1, 1, 19], num_heads=4, num_kv_heads=2, head_size=16, block_size=4, seed=2
+    )
+    monkeypatch.setenv("HWPLUG_NATIVE_KERNELS", "0")
+    with pytest.raises(RuntimeError, match="cannot run: HWPLUG_NATIVE_KERNELS=0 is set"):
+        paged_decode_attention(
+            batch.query[:2],
+            batch.key_cache,
+            batch.value_cache,
+            batch.metadata.block_table[:2],
+            batch.metadata.seq_lens[:2],
+            scale=0.25,
+        )
+    out = TorchAttentionBackend(4, 16, 2, 0.25).forward(*batch.args())
+    expected = reference_attention(
+        batch.query, batch.key_cache, batch.value_cache, batch.metadata, scale=0.25
+    )
+    torch.testing.assert_close(out.double(), expected, atol=1e-5, rtol=1e-5)
+
+
+def test_the_environment_switch_turns_it_off_at_call_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HWPLUG_NATIVE_KERNELS", "0")
+    assert native_decode_unavailable_reason() == "HWPLUG_NATIVE_KERNELS=0 is set"
+    monkeypatch.setenv("HWPLUG_NATIVE_KERNELS", "1")
+    assert native_decode_unavailable_reason() is None
+
+
+@pytest.mark.parametrize("cache_dtype", [torch.float32, torch.bfloat16, torch.float8_e4m3fn])
+@pytest.mark.parametrize("window", [None, 9])
+def test_the_backend_gives_the_same_answer_with_and_without_the_kernel(
+    monkeypatch: pytest.MonkeyPatch, cache_dtype: torch.dtype, window: int | None
+) -> None:
+    batch = make_batch(
+        [70, 3, 33, 16, 12],
+        [1, 1, 1, 1, 12],
+        num_heads=6,
+        num_kv_heads=2,
+        head_size=32,
+        block_size=8,
+        cache_dtype=cache_dtype,
+        padding=3,
+        seed=4,
+    )
+    impl = TorchAttentionBackend(6, 32, 2, 0.2, sliding_window=window, cache_dtype=cache_dtype)
+    k_scale = torch.tensor(0.7) if cache_dtype in FP8_FORMATS else torch.tensor(1.0)
+    native = impl.forward(*batch.args(), k_scale=k_scale, v_scale=k_scale)
+    monkeypatch.setenv("HWPLUG_NATIVE_KERNELS", "0")
+    gathered = impl.forward(*batch.args(), k_scale=k_scale, v_scale=k_scale)
+    torch.testing.assert_close(native, gathered, atol=2e-6, rtol=2e-6)
