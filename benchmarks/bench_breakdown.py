@@ -4,7 +4,8 @@
 The engine is built exactly as ``bench_peers.py`` builds it (its
 ``TinyEngineWorker``, on the same checkpoint and prompts); during the timed
 run the wall time of these calls is summed: hwplug's oneDNN linears, the
-torch attention backend (and, inside it, the page gathers), the runner's
+torch attention backend (and, inside it, the page gathers and the native
+decode kernel), the runner's
 input preparation, and the runner's whole step. What is outside the step is
 the scheduler and sampling. JSON on stdout, seconds.
 
@@ -30,6 +31,7 @@ TIMED = (
     ("hwplug.kernels.linear", None, "_onednn", "linears (oneDNN)"),
     ("hwplug.attention.torch_backend", "TorchAttentionBackend", "attend", "attention"),
     ("hwplug.attention.torch_backend", "_Pages", "gather", "attention: page gathers"),
+    ("hwplug.kernels.cpu_decode", None, "run", "attention: native decode kernel"),
     ("tiny_engine.runner", "ModelRunner", "prepare", "step inputs and metadata"),
     ("tiny_engine.runner", "ModelRunner", "execute", "runner steps"),
 )

@@ -83,9 +83,10 @@ def test_the_release_check_finds_what_a_broken_wheel_lacks(tmp_path: Path) -> No
     broken = tmp_path / wheel.name
     with zipfile.ZipFile(wheel) as src, zipfile.ZipFile(broken, "w") as dst:
         for item in src.infolist():
-            if not item.filename.endswith("entry_points.txt"):
+            if not item.filename.endswith(("entry_points.txt", ".c")):
                 dst.writestr(item, src.read(item.filename))
     problems = check(broken, sdist, project)
     assert "the wheel has no [hwplug.platforms] entry points" in problems
     assert "the wheel does not install the `hwplug` command" in problems
+    assert "the wheel lacks hwplug/kernels/csrc/paged_decode.c (built at first use)" in problems
     shutil.rmtree(out)

@@ -394,12 +394,24 @@ def test_the_environment_switch_turns_it_off_at_call_time(monkeypatch: pytest.Mo
 
 @pytest.mark.parametrize("cache_dtype", [torch.float32, torch.bfloat16, torch.float8_e4m3fn])
 @pytest.mark.parametrize("window", [None, 9])
+@pytest.mark.parametrize(
+    ("seq_lens", "query_lens"),
+    [
+        ([70, 3, 33, 16, 12], [1, 1, 1, 1, 12]),  # the decodes lead: their rows are 0..3
+        ([12, 70, 3, 33, 40], [12, 1, 1, 1, 5]),  # a prefill first, a chunk last
+        ([70, 3, 33], [1, 1, 1]),  # decodes only
+    ],
+)
 def test_the_backend_gives_the_same_answer_with_and_without_the_kernel(
-    monkeypatch: pytest.MonkeyPatch, cache_dtype: torch.dtype, window: int | None
+    monkeypatch: pytest.MonkeyPatch,
+    cache_dtype: torch.dtype,
+    window: int | None,
+    seq_lens: list[int],
+    query_lens: list[int],
 ) -> None:
     batch = make_batch(
-        [70, 3, 33, 16, 12],
-        [1, 1, 1, 1, 12],
+        seq_lens,
+        query_lens,
         num_heads=6,
         num_kv_heads=2,
         head_size=32,
@@ -414,3 +426,15 @@ def test_the_backend_gives_the_same_answer_with_and_without_the_kernel(
     monkeypatch.setenv("HWPLUG_NATIVE_KERNELS", "0")
     gathered = impl.forward(*batch.args(), k_scale=k_scale, v_scale=k_scale)
     torch.testing.assert_close(native, gathered, atol=2e-6, rtol=2e-6)
+    assert not native[-3:].any(), "padding rows stay zero"
+    expected = reference_attention(
+        batch.query,
+        batch.key_cache,
+        batch.value_cache,
+        batch.metadata,
+        scale=0.2,
+        sliding_window=window,
+        k_scale=k_scale,
+        v_scale=k_scale,
+    )
+    torch.testing.assert_close(native[: sum(query_lens)].double(), expected, atol=1e-5, rtol=1e-5)

@@ -77,7 +77,10 @@ class TorchAttentionBackend(AttentionBackend):
         reference.write_slots(plan.written(call.key), key_cache, plan.write_slots, k_scale)
         reference.write_slots(plan.written(call.value), value_cache, plan.write_slots, v_scale)
 
-        out = torch.zeros_like(query)
+        # every row of the step's tokens is written below; padding rows past them are zero
+        out = torch.empty_like(query)
+        if plan.total < out.shape[0]:
+            out[plan.total :].zero_()
         fp8 = key_cache.dtype in FP8_FORMATS
         compute = _compute_dtype(query)
         queries = query.to(compute)
@@ -91,16 +94,23 @@ class TorchAttentionBackend(AttentionBackend):
             # one query token per sequence: the C kernel follows the block table, no gather
             from hwplug.kernels import cpu_decode
 
+            rows, table, lens = plan.native_decode()
+            direct = isinstance(rows, int) and out.dtype == torch.float32
             result = cpu_decode.run(
-                queries.index_select(0, plan._decode_rows),
+                queries[:rows] if isinstance(rows, int) else queries.index_select(0, rows),
                 key_cache,
                 value_cache,
-                plan._decode_table,
-                plan._decode_len_tensor,
+                table,
+                lens,
                 scale=self.scale,
                 sliding_window=window,
+                out=out[:rows] if direct else None,
             )
-            out.index_copy_(0, plan._decode_rows, result.to(out.dtype))
+            if isinstance(rows, int):
+                if not direct:
+                    out[:rows] = result
+            else:
+                out.index_copy_(0, rows, result.to(out.dtype))
         for group in [] if in_place else plan.decode_groups(pages.row_bytes):
             k, v = pages.gather(group.index, group.size, group.longest)
             mask = group.mask(window)
@@ -135,9 +145,11 @@ class TorchAttentionBackend(AttentionBackend):
             out[chunk.start : chunk.end] = result.squeeze(0).transpose(0, 1)
         if fp8:
             out *= _on(v_scale, out)
-        # SDPA's unmasked kernels give 0 for a NaN query row, its masked path NaN:
-        # every batch shape gives NaN, as the attention it computes does.
-        out.masked_fill_(query.isnan().any(dim=-1, keepdim=True), math.nan)
+        if plan.prefills or not in_place:
+            # SDPA's unmasked kernels give 0 for a NaN query row, its masked path NaN:
+            # every batch shape gives NaN, as the attention it computes does (the native
+            # kernel's rows already are).
+            out.masked_fill_(query.isnan().any(dim=-1, keepdim=True), math.nan)
         return out
 
 
@@ -195,7 +207,12 @@ class TorchAttentionStep(PreparedStep):
         for q in query_lens:
             starts.append(starts[-1] + q)
         total = starts[-1]
+        self.total = total
+        """The rows of the step's tokens (rows past them are padding)."""
         self.seq_lens = list(seq_lens)
+        self._query_lens = list(query_lens)
+        self._starts = starts
+        self._native: tuple[torch.Tensor | int, torch.Tensor, torch.Tensor] | None = None
 
         # rows whose key and value are written: the first `total`, but a negative slot
         real = slots[:total] >= 0
@@ -227,6 +244,26 @@ class TorchAttentionStep(PreparedStep):
             for b in range(len(seq_lens))
             if starts[b + 1] - starts[b] > 1
         ]
+
+    def native_decode(self) -> tuple[torch.Tensor | int, torch.Tensor, torch.Tensor]:
+        """The decoding sequences for the native CPU kernel, in batch order: their query rows
+        (an int ``n`` when they are rows ``0..n-1``), block-table rows and lengths (int64)."""
+        import torch
+
+        if self._native is None:
+            decoding = [b for b, q in enumerate(self._query_lens) if q == 1]
+            device = self.metadata.device
+            table = self.metadata.block_table
+            rows: torch.Tensor | int
+            if decoding == list(range(len(decoding))):
+                rows, table = len(decoding), table[: len(decoding)]
+            else:
+                rows = torch.tensor([self._starts[b] for b in decoding], device=device)
+                table = table.index_select(0, torch.tensor(decoding, device=device))
+            lens = torch.tensor([self.seq_lens[b] for b in decoding], device=device)
+            # columns past a sequence's own blocks are never read (prepare checked the rest)
+            self._native = (rows, table.to(torch.int64), lens)
+        return self._native
 
     def written(self, rows: torch.Tensor) -> torch.Tensor:
         """The rows of ``rows`` (key or value) that are written to the cache, in slot order."""
