@@ -278,6 +278,13 @@ def _good() -> dict[str, object]:
         (lambda a: a.update(seq_lens=torch.tensor([5, 0])), "seq_lens must lie in 1..12"),
         (lambda a: a.update(seq_lens=torch.tensor([5, 13])), "got 5..13"),
         (lambda a: a.update(sliding_window=0), "sliding_window must be >= 1 or None; got 0"),
+        (
+            lambda a: a.update(out=torch.empty(2, 4, 4)),
+            "out must be a contiguous float32 tensor of the query's shape [2, 4, 8]; "
+            "got [2, 4, 4] of torch.float32",
+        ),
+        (lambda a: a.update(out=torch.empty(2, 4, 8, dtype=torch.float64)), "of torch.float64"),
+        (lambda a: a.update(out=torch.empty(2, 8, 4).transpose(1, 2)), ", not contiguous"),
     ],
 )
 def test_bad_arguments_are_refused_with_what_is_allowed(change, message: str) -> None:

@@ -95,22 +95,26 @@ class TorchAttentionBackend(AttentionBackend):
             from hwplug.kernels import cpu_decode
 
             rows, table, lens = plan.native_decode()
-            direct = isinstance(rows, int) and out.dtype == torch.float32
+            # leading float32 rows are written in place; others are copied in after
+            if isinstance(rows, int):
+                q = queries[:rows]
+                target = out[:rows] if out.dtype == torch.float32 else None
+            else:
+                q, target = queries.index_select(0, rows), None
             result = cpu_decode.run(
-                queries[:rows] if isinstance(rows, int) else queries.index_select(0, rows),
+                q,
                 key_cache,
                 value_cache,
                 table,
                 lens,
                 scale=self.scale,
                 sliding_window=window,
-                out=out[:rows] if direct else None,
+                out=target,
             )
-            if isinstance(rows, int):
-                if not direct:
-                    out[:rows] = result
-            else:
+            if not isinstance(rows, int):
                 out.index_copy_(0, rows, result.to(out.dtype))
+            elif target is None:
+                out[:rows] = result
         for group in [] if in_place else plan.decode_groups(pages.row_bytes):
             k, v = pages.gather(group.index, group.size, group.longest)
             mask = group.mask(window)
@@ -188,17 +192,18 @@ class TorchAttentionStep(PreparedStep):
     """The torch backend's plan of one step, made once by ``prepare`` from host values.
 
     It holds, as device tensors built from the step's host values: which rows
-    are written and to which slots, the decoding sequences (one query token
-    each) sorted by length with their query rows and block-table rows, and
-    each prefill's gather index. Every layer of the step attends from it
-    without reading anything back from the device. Decode groups (sequences
-    gathered in one batched call) are slices of the sorted decode sequences,
-    made on first use per row size; masks are made on first use per sliding
-    window. It lives for one step: nothing is kept between steps.
+    are written and to which slots, each prefill's gather index, and, on first
+    use, the decoding sequences (one query token each) with their query rows,
+    lengths and block-table rows: in batch order for the native CPU kernel
+    (:meth:`native_decode`), sorted by length for the gather path
+    (:meth:`sorted_decodes`). Every layer of the step attends from it without
+    reading anything back from the device. Decode groups (sequences gathered
+    in one batched call) are slices of the sorted decode sequences, made on
+    first use per row size; masks are made on first use per sliding window.
+    It lives for one step: nothing is kept between steps.
     """
 
     def __init__(self, metadata: AttentionMetadata, num_blocks: int, block_size: int) -> None:
-        import torch
 
         super().__init__(metadata, num_blocks, block_size)
         query_lens, seq_lens, _, slots = metadata.host_values()
@@ -210,9 +215,13 @@ class TorchAttentionStep(PreparedStep):
         self.total = total
         """The rows of the step's tokens (rows past them are padding)."""
         self.seq_lens = list(seq_lens)
-        self._query_lens = list(query_lens)
         self._starts = starts
+        self._decoding = [b for b, q in enumerate(query_lens) if q == 1]
+        """The decoding sequences (one query token each), in batch order."""
+        self.decode_lens = sorted(seq_lens[b] for b in self._decoding)
+        """Their lengths, shortest first (the order of the gather path's decode groups)."""
         self._native: tuple[torch.Tensor | int, torch.Tensor, torch.Tensor] | None = None
+        self._sorted: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
 
         # rows whose key and value are written: the first `total`, but a negative slot
         real = slots[:total] >= 0
@@ -224,20 +233,6 @@ class TorchAttentionStep(PreparedStep):
             self._write_rows = rows.to(device)
             self.write_slots = slots[rows].to(device)
 
-        table = metadata.block_table
-        decoding = sorted(
-            (b for b, q in enumerate(query_lens) if q == 1), key=lambda b: seq_lens[b]
-        )
-        self.decode_lens = [seq_lens[b] for b in decoding]
-        if decoding:
-            seqs = torch.tensor(decoding, device=device)
-            self._decode_rows = torch.tensor([starts[b] for b in decoding], device=device)
-            self._decode_len_tensor = torch.tensor(self.decode_lens, device=device)
-            blocks = -(-self.decode_lens[-1] // block_size)
-            # entries past a sequence's own blocks may hold anything: keep them in range
-            self._decode_table = (
-                table.index_select(0, seqs)[:, :blocks].clamp(0, num_blocks - 1).long()
-            )
         self._groups: dict[int, list[_DecodeGroup]] = {}
         self.prefills = [
             _Prefill(self, b, starts[b], starts[b + 1], seq_lens[b])
@@ -251,7 +246,7 @@ class TorchAttentionStep(PreparedStep):
         import torch
 
         if self._native is None:
-            decoding = [b for b, q in enumerate(self._query_lens) if q == 1]
+            decoding = self._decoding
             device = self.metadata.device
             table = self.metadata.block_table
             rows: torch.Tensor | int
@@ -264,6 +259,24 @@ class TorchAttentionStep(PreparedStep):
             # columns past a sequence's own blocks are never read (prepare checked the rest)
             self._native = (rows, table.to(torch.int64), lens)
         return self._native
+
+    def sorted_decodes(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The decoding sequences for the gather path, shortest first: their query rows,
+        lengths and block-table rows (int64, as many columns as the longest needs, every
+        entry within the cache). Made on first use: a step the native kernel serves never
+        needs them."""
+        import torch
+
+        if self._sorted is None:
+            order = sorted(self._decoding, key=lambda b: self.seq_lens[b])
+            device = self.metadata.device
+            rows = torch.tensor([self._starts[b] for b in order], device=device)
+            lens = torch.tensor(self.decode_lens, device=device)
+            blocks = -(-self.decode_lens[-1] // self.block_size)
+            table = self.metadata.block_table.index_select(0, torch.tensor(order, device=device))
+            # entries past a sequence's own blocks may hold anything: keep them in range
+            self._sorted = (rows, lens, table[:, :blocks].clamp(0, self.num_blocks - 1).long())
+        return self._sorted
 
     def written(self, rows: torch.Tensor) -> torch.Tensor:
         """The rows of ``rows`` (key or value) that are written to the cache, in slot order."""
@@ -326,10 +339,11 @@ class _DecodeGroup(_Masked):
         self.size = hi - lo
         lens = step.decode_lens[lo:hi]
         self.shortest, self.longest = lens[0], lens[-1]
-        self.rows = step._decode_rows[lo:hi]
-        self._lens = step._decode_len_tensor[lo:hi]
+        rows, lengths, table = step.sorted_decodes()
+        self.rows = rows[lo:hi]
+        self._lens = lengths[lo:hi]
         blocks = -(-self.longest // step.block_size)
-        self.index = step._decode_table[lo:hi, :blocks].reshape(-1)
+        self.index = table[lo:hi, :blocks].reshape(-1)
 
     def _make_mask(self, window: int | None) -> torch.Tensor | None:
         """Which gathered positions each sequence attends to (None: all of them)."""

@@ -109,7 +109,7 @@ def paged_decode_attention(
     reason = native_decode_unavailable_reason(query.device)
     if reason is not None:
         raise RuntimeError(f"the native paged decode kernel cannot run: {reason}")
-    _check(query, key_cache, value_cache, block_table, seq_lens, sliding_window)
+    _check(query, key_cache, value_cache, block_table, seq_lens, sliding_window, out)
     n = query.shape[0]
     blocks, block_size = key_cache.shape[0], key_cache.shape[1]
     table = block_table.to(torch.int64)
@@ -121,9 +121,10 @@ def paged_decode_attention(
                 f"seq_lens must lie in 1..{table.shape[1] * block_size} (the block table's "
                 f"{table.shape[1]} blocks of {block_size}); got {low}..{high}"
             )
-        used = [table[i, : -(-int(length) // block_size)] for i, length in enumerate(lens)]
-        ids = torch.cat(used)
-        if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= blocks):
+        # the columns each sequence reads: those its length covers
+        columns = torch.arange(table.shape[1]).unsqueeze(0)
+        ids = table[columns < (lens.unsqueeze(1) + block_size - 1) // block_size]
+        if int(ids.min()) < 0 or int(ids.max()) >= blocks:
             raise ValueError(
                 f"block_table holds block ids outside 0..{blocks - 1} within the sequences' "
                 f"lengths: {int(ids.min())}..{int(ids.max())}"
@@ -147,6 +148,7 @@ def _check(
     block_table: torch.Tensor,
     seq_lens: torch.Tensor,
     sliding_window: int | None,
+    out: torch.Tensor | None,
 ) -> None:
     if query.dim() != 3:
         raise ValueError(f"query must be [n, num_heads, head_size]; got {list(query.shape)}")
@@ -182,9 +184,18 @@ def _check(
             f"seq_lens must be an integer [n={n}] tensor; got {list(seq_lens.shape)} "
             f"of {seq_lens.dtype}"
         )
+    if out is not None and (
+        out.shape != query.shape or out.dtype != torch.float32 or not out.is_contiguous()
+    ):
+        raise ValueError(
+            f"out must be a contiguous float32 tensor of the query's shape {list(query.shape)}; "
+            f"got {list(out.shape)} of {out.dtype}"
+            + ("" if out.is_contiguous() else ", not contiguous")
+        )
     if sliding_window is not None and sliding_window < 1:
         raise ValueError(f"sliding_window must be >= 1 or None; got {sliding_window}")
-    devices = {t.device.type for t in (query, key_cache, value_cache, block_table, seq_lens)}
+    tensors = [query, key_cache, value_cache, block_table, seq_lens]
+    devices = {t.device.type for t in tensors + ([] if out is None else [out])}
     if devices != {"cpu"}:
         raise ValueError(f"every tensor must be on the CPU; got {sorted(devices)}")
 
