@@ -28,7 +28,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_peers  # (beside this file)
 
 TIMED = (
-    ("hwplug.kernels.linear", None, "_onednn", "linears (oneDNN)"),
+    ("hwplug.kernels.linear", None, "_native", "linears (native kernel or oneDNN)"),
+    ("hwplug.kernels.linear", None, "_onednn", "linears: oneDNN"),
     ("hwplug.attention.torch_backend", "TorchAttentionBackend", "attend", "attention"),
     ("hwplug.attention.torch_backend", "_Pages", "gather", "attention: page gathers"),
     ("hwplug.kernels.cpu_decode", None, "run", "attention: native decode kernel"),

@@ -166,7 +166,7 @@ def test_a_compiled_engine_compiles_once_at_start_up_for_every_step_shape(llama:
     assert got == eager
 
 
-def test_the_cpu_engine_runs_its_linears_on_onednn_from_the_weights_themselves(
+def test_the_cpu_engine_runs_its_linears_on_the_native_gemm_from_the_weights_themselves(
     llama: Path,
 ) -> None:
     """The CPU platform's GEMM (``linear_backend``) reaches every linear layer, and no
@@ -177,7 +177,7 @@ def test_the_cpu_engine_runs_its_linears_on_onednn_from_the_weights_themselves(
 
     llm = LLM(llama, config=cpu_config())
     linears = [m for m in llm.model.modules() if isinstance(m, Linear)]
-    assert linears and {m.gemm for m in linears} == {llm.platform.linear_backend} == {"onednn"}
+    assert linears and {m.gemm for m in linears} == {llm.platform.linear_backend} == {"native"}
     assert all(isinstance(m.weight, torch.nn.Parameter) for m in linears)
 
 

@@ -352,15 +352,15 @@ def test_a_cold_cache_builds_the_kernel_once_and_a_later_process_loads_it(
 ) -> None:
     first = _probe(tmp_path)
     assert "REASON None" in first.stdout
-    assert "built the native paged decode kernel" in first.stderr
-    built = list((tmp_path / "hwplug" / "kernels").glob("paged_decode-*.so"))
+    assert "built the native CPU kernels" in first.stderr
+    built = list((tmp_path / "hwplug" / "kernels").glob("hwplug_cpu-*.so"))
     assert len(built) == 1
     stamp = built[0].stat().st_mtime_ns
     second = _probe(tmp_path)
     assert "REASON None" in second.stdout
     assert "built the" not in second.stderr, "a later process must load, not build"
     assert built[0].stat().st_mtime_ns == stamp
-    assert not list((tmp_path / "hwplug" / "kernels").glob(".paged_decode-*")), "no leftovers"
+    assert not list((tmp_path / "hwplug" / "kernels").glob(".hwplug_cpu-*")), "no leftovers"
 
 
 def test_without_a_compiler_it_says_why_and_the_engine_path_still_works(tmp_path: Path) -> None:

@@ -300,7 +300,7 @@ class Platform:
     with a dedicated KV space (the CPU's) sets it False."""
     linear_backend: ClassVar[str] = "torch"
     """The GEMM an engine's dense linear layers run on here: the ``backend`` of
-    :func:`hwplug.kernels.linear` (``"torch"``, or ``"onednn"`` on CPUs)."""
+    :func:`hwplug.kernels.linear` (``"torch"``; ``"native"`` or ``"onednn"`` on CPUs)."""
 
     def __init__(
         self,

@@ -8,7 +8,11 @@ Public entry points:
   to fp8 when the cache is fp8;
 - :func:`gather_kv_cache` reads them back;
 - :func:`linear` multiplies by a linear layer's weight on the GEMM a platform
-  names (``Platform.linear_backend``: oneDNN on CPUs).
+  names (``Platform.linear_backend``: on CPUs ``"native"``, the native kernel
+  :func:`native_linear` for few rows and oneDNN for more);
+- :func:`paged_decode_attention` attends decoding sequences straight from a
+  paged cache on CPUs (the native kernels are built at first use: see
+  :mod:`hwplug.kernels.native`).
 
 Importing this package imports torch but not triton: Triton is loaded only
 when a Triton kernel is about to run.
@@ -21,6 +25,12 @@ from hwplug.kernels.cpu_decode import (
     NATIVE_MAX_BLOCK_SIZE,
     native_decode_unavailable_reason,
     paged_decode_attention,
+)
+from hwplug.kernels.cpu_linear import (
+    NATIVE_LINEAR_DTYPES,
+    NATIVE_LINEAR_MAX_ROWS,
+    native_linear,
+    native_linear_unavailable_reason,
 )
 from hwplug.kernels.formats import (
     CACHE_DTYPES,
@@ -48,6 +58,8 @@ __all__ = [
     "INPUT_DTYPES",
     "LINEAR_BACKENDS",
     "NATIVE_CACHE_DTYPES",
+    "NATIVE_LINEAR_DTYPES",
+    "NATIVE_LINEAR_MAX_ROWS",
     "NATIVE_MAX_BLOCK_SIZE",
     "Fp8Format",
     "compute_kv_scales",
@@ -57,6 +69,8 @@ __all__ = [
     "is_fp8",
     "linear",
     "native_decode_unavailable_reason",
+    "native_linear",
+    "native_linear_unavailable_reason",
     "paged_decode_attention",
     "select_backend",
     "triton_unavailable_reason",

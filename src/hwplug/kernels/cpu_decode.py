@@ -9,33 +9,22 @@ and computes each sequence's attention with an online softmax, a page at a
 time, for float32, bfloat16, float16 and fp8 caches (fp8 decoded through the
 256 values of its codes), on torch's OpenMP threads.
 
-The kernel is compiled on first use with the system's C compiler (``$CC``,
-else ``cc``, ``gcc`` or ``clang``; ``-O3 -march=native`` and OpenMP when the
-compiler has it) into ``$XDG_CACHE_HOME/hwplug/kernels`` (default
-``~/.cache/hwplug/kernels``; a temporary directory when that is not
-writable), keyed by the source, the compiler and the CPU, and loaded with
-:mod:`ctypes`; a later process loads the built library. Where it cannot be
-built (no compiler), or ``HWPLUG_NATIVE_KERNELS=0`` is set,
-:func:`native_decode_unavailable_reason` says why and callers take their
-torch path (the torch attention backend gathers, as before).
+The kernel is compiled on first use with the system's C compiler, with the
+other native CPU kernels (:mod:`hwplug.kernels.native`: where and how they
+are built and cached). Where it cannot be built (no compiler), or
+``HWPLUG_NATIVE_KERNELS=0`` is set, :func:`native_decode_unavailable_reason`
+says why and callers take their torch path (the torch attention backend
+gathers, as before).
 """
 
 from __future__ import annotations
 
 import ctypes
 import functools
-import hashlib
-import logging
-import os
-import platform
-import shlex
-import shutil
-import subprocess
-import tempfile
-from pathlib import Path
 
 import torch
 
+from hwplug.kernels import native
 from hwplug.kernels.formats import FP8_FORMATS
 
 __all__ = [
@@ -45,10 +34,6 @@ __all__ = [
     "paged_decode_attention",
 ]
 
-log = logging.getLogger(__name__)
-
-_SOURCE = Path(__file__).with_name("csrc") / "paged_decode.c"
-_INTERFACE_VERSION = 1
 NATIVE_MAX_BLOCK_SIZE = 256
 """The largest block size the kernel takes (its per-page score buffer)."""
 
@@ -61,8 +46,6 @@ _KINDS: dict[torch.dtype, int] = {
 NATIVE_CACHE_DTYPES = frozenset(_KINDS)
 """The cache dtypes the kernel reads."""
 
-_ENV = "HWPLUG_NATIVE_KERNELS"
-
 
 def native_decode_unavailable_reason(device: torch.device | str = "cpu") -> str | None:
     """Why the native decode kernel cannot run on ``device``'s tensors, or None when it can.
@@ -71,12 +54,7 @@ def native_decode_unavailable_reason(device: torch.device | str = "cpu") -> str 
     ``HWPLUG_NATIVE_KERNELS`` is not ``0`` (read at each call). The first call
     that can run builds the library (about a second, once per machine).
     """
-    if torch.device(device).type != "cpu":
-        return f"the native decode kernel runs on CPU tensors, not {torch.device(device).type}"
-    if os.environ.get(_ENV, "").strip() == "0":
-        return f"{_ENV}=0 is set"
-    library = _library()
-    return library if isinstance(library, str) else None
+    return native.unavailable_reason(device, "decode", _library)
 
 
 def paged_decode_attention(
@@ -264,111 +242,16 @@ def run(
     return out
 
 
-# -- building and loading ---------------------------------------------------------------------
-
-
-def _compilers() -> list[list[str]]:
-    named = os.environ.get("CC", "").strip()
-    if named:
-        return [shlex.split(named)]
-    found = []
-    for name in ("cc", "gcc", "clang"):
-        path = shutil.which(name)
-        if path is not None:
-            found.append([path])
-    return found
-
-
-def _cpu_identity() -> str:
-    """What ``-march=native`` depends on: the CPU's model and flags (Linux), else its name."""
-    try:
-        text = Path("/proc/cpuinfo").read_text(errors="replace")
-    except OSError:
-        return f"{platform.machine()} {platform.processor()}"
-    keep = [
-        line
-        for line in text.splitlines()
-        if line.split(":")[0].strip() in ("model name", "flags", "Features", "CPU part")
-    ]
-    return "\n".join(sorted(set(keep)))
-
-
-def _cache_dir() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "hwplug" / "kernels"
-
-
-_FLAG_SETS = (
-    ("-O3", "-march=native", "-fopenmp"),
-    ("-O3", "-fopenmp"),
-    ("-O3", "-march=native"),
-    ("-O3",),
-)
-"""Tried in order: a compiler without OpenMP, or without ``-march=native``, still builds."""
+# -- loading ----------------------------------------------------------------------------------
 
 
 @functools.cache
 def _library() -> ctypes.CDLL | str:
-    """The loaded kernel library, or why there is none (built once per process at most)."""
-    compilers = _compilers()
-    if not compilers:
-        return "no C compiler found (set CC, or install cc, gcc or clang)"
-    source = _SOURCE.read_bytes()
-    problems = []
-    for compiler in compilers:
-        for flags in _FLAG_SETS:
-            key = hashlib.sha256(
-                b"\0".join(
-                    [source, " ".join(compiler + list(flags)).encode(), _cpu_identity().encode()]
-                )
-            ).hexdigest()[:20]
-            try:
-                path = _build(compiler, flags, key)
-                library = ctypes.CDLL(str(path))
-            except (OSError, subprocess.SubprocessError) as error:
-                problems.append(f"{' '.join(compiler + list(flags))}: {error}")
-                continue
-            if library.hwplug_paged_decode_version() != _INTERFACE_VERSION:
-                problems.append(f"{path}: built from another version of the source")
-                continue
-            _declare(library)
-            log.debug("native paged decode kernel: %s (%s)", path, " ".join(flags))
-            return library
-    reason = "the native paged decode kernel did not build: " + problems[-1]
-    log.warning("%s; CPU attention gathers pages instead", reason)
-    return reason
-
-
-def _build(compiler: list[str], flags: tuple[str, ...], key: str) -> Path:
-    """The built library for this key: found in the cache, else compiled into it."""
-    for directory in (_cache_dir(), Path(tempfile.gettempdir()) / f"hwplug-kernels-{os.getuid()}"):
-        target = directory / f"paged_decode-{key}.so"
-        if target.exists():
-            return target
-        try:
-            directory.mkdir(parents=True, exist_ok=True)
-        except OSError:
-            continue
-        if not os.access(directory, os.W_OK):
-            continue
-        # compiled beside its final name, then renamed: processes building at once
-        # (ranks of one engine) never load a half-written file
-        fd, partial = tempfile.mkstemp(dir=directory, prefix=".paged_decode-", suffix=".so")
-        os.close(fd)
-        try:
-            command = [*compiler, *flags, "-shared", "-fPIC", "-std=c11", str(_SOURCE)]
-            command += ["-o", partial, "-lm"]
-            done = subprocess.run(command, capture_output=True, text=True, timeout=300)
-            if done.returncode != 0:
-                last = (done.stderr.strip().splitlines() or ["(no message)"])[-1]
-                raise subprocess.SubprocessError(f"exit status {done.returncode}: {last}")
-            os.replace(partial, target)
-        finally:
-            if os.path.exists(partial):
-                os.unlink(partial)
-        log.info("built the native paged decode kernel: %s", target)
-        return target
-    raise OSError("no writable directory to build the kernel in")
+    """The native library with the kernel's signature declared, or why there is none."""
+    library = native.library()
+    if not isinstance(library, str):
+        _declare(library)
+    return library
 
 
 def _declare(library: ctypes.CDLL) -> None:

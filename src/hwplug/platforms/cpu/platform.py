@@ -72,7 +72,7 @@ class CpuPlatform(VendorPlatform):
     profile_table = PROFILES
     custom_op_forward = "forward_cpu"
     attention_order = ("torch",)
-    linear_backend = "onednn"
+    linear_backend = "native"
     kv_budget_counts_memory_in_use = False
 
     mla_without_chunked_prefill = True

@@ -1,0 +1,162 @@
+"""Few-row linears on CPUs, read straight from the weight (``csrc/linear.c``).
+
+Decoding multiplies a handful of rows (one per running sequence) by every
+weight of the model on each step. oneDNN's inner product on a weight in
+its plain layout re-blocks it on every call; packing it once into oneDNN's
+layout is faster but keeps a second copy (or loses in-place updates of the
+weight). This kernel reads the weight as it lies, row-major 32- or 16-bit
+floats (16-bit widened in registers, no float32 copy), four rows of the
+input at a time, so an update of the weight is seen by the next call and
+no copy is kept. Products are summed in float32.
+
+It needs a CPU with AVX2, FMA and F16C (the library is built with
+``-march=native``); elsewhere, or when the native kernels cannot be built or
+``HWPLUG_NATIVE_KERNELS=0`` is set, :func:`native_linear_unavailable_reason`
+says why. :func:`hwplug.kernels.linear` with ``backend="native"`` (the CPU
+platform's ``linear_backend``) takes it for up to :data:`NATIVE_LINEAR_MAX_ROWS`
+rows and oneDNN beyond.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+
+import torch
+
+from hwplug.kernels import native
+
+__all__ = [
+    "NATIVE_LINEAR_DTYPES",
+    "NATIVE_LINEAR_MAX_ROWS",
+    "native_linear",
+    "native_linear_unavailable_reason",
+]
+
+_KINDS = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
+NATIVE_LINEAR_DTYPES = frozenset(_KINDS)
+"""The weight dtypes the kernel reads."""
+
+NATIVE_LINEAR_MAX_ROWS = 64
+"""Up to this many rows :func:`hwplug.kernels.linear` (``backend="native"``) takes the
+kernel; more go to oneDNN, whose blocked GEMM wins there (docs/peers.md)."""
+
+
+@functools.cache
+def _library() -> ctypes.CDLL | str:
+    """The native library with the kernel's signature declared, or why it cannot run."""
+    library = native.library()
+    if isinstance(library, str):
+        return library
+    if library.hwplug_linear_simd() != 1:
+        return "the native linear kernel needs a CPU with AVX2, FMA and F16C"
+    i64, ptr = ctypes.c_int64, ctypes.c_void_p
+    function = library.hwplug_linear
+    function.restype = ctypes.c_int
+    function.argtypes = [
+        ptr, i64, i64, i64,  # x, rows, in features, x's row stride
+        ptr, ctypes.c_int, i64, i64,  # weight, its kind, out features, its row stride
+        ptr, ptr, i64, ctypes.c_int,  # bias, out, out's row stride, threads
+    ]  # fmt: skip
+    return library
+
+
+def native_linear_unavailable_reason(device: torch.device | str = "cpu") -> str | None:
+    """Why the native linear kernel cannot run on ``device``'s tensors, or None when it can."""
+    return native.unavailable_reason(device, "linear", _library)
+
+
+def native_linear(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    *,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """``x @ weight.T + bias`` in float32, read from ``weight`` where it lies.
+
+    ``x`` is ``[rows, in_features]`` (any float dtype; computed in float32),
+    ``weight`` ``[out_features, in_features]`` in a dtype of
+    :data:`NATIVE_LINEAR_DTYPES` with its last dimension contiguous, ``bias``
+    ``[out_features]`` or None. Returns float32 ``[rows, out_features]`` (into
+    ``out`` when given: float32, that shape, its last dimension contiguous).
+
+    :raises ValueError: a shape, dtype, layout or device the kernel does not take.
+    :raises RuntimeError: the kernel cannot run here (the reason says why).
+    """
+    reason = native_linear_unavailable_reason(x.device)
+    if reason is not None:
+        raise RuntimeError(f"the native linear kernel cannot run: {reason}")
+    if x.dim() != 2 or weight.dim() != 2 or x.shape[1] != weight.shape[1]:
+        raise ValueError(
+            "x must be [rows, in_features] and weight [out_features, in_features]; got "
+            f"{list(x.shape)} and {list(weight.shape)}"
+        )
+    if weight.dtype not in _KINDS or not x.dtype.is_floating_point:
+        allowed = ", ".join(sorted(str(d).removeprefix("torch.") for d in _KINDS))
+        raise ValueError(
+            f"weight must be one of {allowed} and x a float tensor; got "
+            f"{str(weight.dtype).removeprefix('torch.')} and {str(x.dtype).removeprefix('torch.')}"
+        )
+    if weight.stride(1) != 1 and weight.numel() > 0:
+        raise ValueError("weight's last dimension must be contiguous (it is read as it lies)")
+    rows, features = x.shape[0], weight.shape[0]
+    if bias is not None and (bias.shape != (features,) or not bias.dtype.is_floating_point):
+        raise ValueError(f"bias must be a float [{features}] tensor; got {list(bias.shape)}")
+    if out is not None and (
+        out.shape != (rows, features)
+        or out.dtype != torch.float32
+        or (out.numel() > 0 and out.stride(1) != 1)
+        or (rows > 1 and out.stride(0) < features)
+    ):
+        raise ValueError(
+            f"out must be float32 [{rows}, {features}] with its last dimension contiguous "
+            "and rows that do not overlap; "
+            f"got {list(out.shape)} of {out.dtype}"
+        )
+    devices = {t.device.type for t in (x, weight, bias, out) if t is not None}
+    if devices != {"cpu"}:
+        raise ValueError(f"every tensor must be on the CPU; got {sorted(devices)}")
+    return run(x, weight, None if bias is None else bias.float(), out)
+
+
+def run(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """The kernel on checked arguments: 2-D ``x``, a weight of a supported dtype with its
+    last dimension contiguous, a float32 ``bias`` or None."""
+    library = _library()
+    if isinstance(library, str):
+        raise RuntimeError(f"the native linear kernel cannot run: {library}")
+    rows, inputs = x.shape
+    features = weight.shape[0]
+    if out is None:
+        out = torch.empty((rows, features), dtype=torch.float32)
+    if rows == 0 or features == 0:
+        return out
+    if inputs == 0:
+        return out.copy_(bias.expand(rows, features)) if bias is not None else out.zero_()
+    if x.dtype != torch.float32 or x.stride(1) != 1:
+        x = x.to(torch.float32, memory_format=torch.contiguous_format).contiguous()
+    if bias is not None and not bias.is_contiguous():
+        bias = bias.contiguous()
+    rc = library.hwplug_linear(
+        x.data_ptr(),
+        rows,
+        inputs,
+        x.stride(0),
+        weight.data_ptr(),
+        _KINDS[weight.dtype],
+        features,
+        weight.stride(0),
+        None if bias is None else bias.data_ptr(),
+        out.data_ptr(),
+        out.stride(0),
+        torch.get_num_threads(),
+    )
+    if rc != 0:
+        raise RuntimeError(f"the native linear kernel failed (status {rc})")
+    return out

@@ -1,0 +1,164 @@
+/*
+ * Few-row linear layers for CPUs: y = x @ w^T + bias, read straight from the
+ * weight as it lies (row-major [N, K], 32-bit or 16-bit floats), no packed or
+ * converted copy. Decoding multiplies a handful of rows by every weight of
+ * the model on each step; a GEMM library either repacks the weight into its
+ * blocked layout on every call or keeps a packed second copy. Here each
+ * weight row is read once per four rows of x and multiplied in registers:
+ * tiles of up to 4 rows of x by 3 rows of w, 8 lanes of k at a time with
+ * FMAs, summed across lanes at the end (16-bit weights widened in registers).
+ *
+ * Built on first use by hwplug.kernels.native with the system C compiler.
+ * The vector path needs AVX2, FMA and F16C (-march=native on such a CPU);
+ * compiled without them, hwplug_linear_simd() is 0 and hwplug_linear returns
+ * 2 so that callers take oneDNN or torch instead.
+ *
+ * Layouts (element strides; the last dimension is contiguous):
+ *   x    [M, K] float32, row stride ldx
+ *   w    [N, K] in `kind` (0 float32, 1 bfloat16, 2 float16), row stride ldw
+ *   bias [N] float32 or NULL
+ *   y    [M, N] float32, row stride ldy
+ * Work is split over tiles of 3 output features (OpenMP, `threads` threads);
+ * every product is summed in float32.
+ */
+#include <stddef.h>
+#include <stdint.h>
+
+int hwplug_linear_version(void) { return 1; }
+
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#include <immintrin.h>
+
+enum { KIND_F32 = 0, KIND_BF16 = 1, KIND_F16 = 2 };
+enum { MR = 4, NR = 3 };
+
+static inline __attribute__((always_inline)) __m256 load8(const void *w, int64_t i, int kind) {
+    if (kind == KIND_F32) {
+        return _mm256_loadu_ps((const float *)w + i);
+    }
+    __m128i h = _mm_loadu_si128((const __m128i *)((const uint16_t *)w + i));
+    if (kind == KIND_BF16) {
+        return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+    }
+    return _mm256_cvtph_ps(h);
+}
+
+static inline __attribute__((always_inline)) float load1(const void *w, int64_t i, int kind) {
+    if (kind == KIND_F32) {
+        return ((const float *)w)[i];
+    }
+    uint16_t h = ((const uint16_t *)w)[i];
+    if (kind == KIND_BF16) {
+        union { uint32_t u; float f; } bits = {(uint32_t)h << 16};
+        return bits.f;
+    }
+    return _cvtsh_ss(h);
+}
+
+static inline float lane_sum(__m256 v) {
+    __m128 a = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    a = _mm_add_ps(a, _mm_movehl_ps(a, a));
+    a = _mm_add_ss(a, _mm_shuffle_ps(a, a, 1));
+    return _mm_cvtss_f32(a);
+}
+
+/* rows x cols outputs; rows, cols and kind are constants where it is inlined, so the
+ * accumulators live in registers (4 x 3 of them, 3 weight vectors, 1 row of x) */
+static inline __attribute__((always_inline)) void tile(
+    int rows, int cols, int kind, int prefetch, const float *x, int64_t ldx, const void *w,
+    int64_t ldw, int64_t K, const float *bias, float *y, int64_t ldy) {
+    const int64_t item = kind == KIND_F32 ? 4 : 2;
+    __m256 acc[MR][NR];
+    for (int i = 0; i < rows; i++) {
+        for (int j = 0; j < cols; j++) {
+            acc[i][j] = _mm256_setzero_ps();
+        }
+    }
+    int64_t k = 0;
+    for (; k + 8 <= K; k += 8) {
+        __m256 b[NR];
+        for (int j = 0; j < cols; j++) {
+            if (prefetch) { /* the weight comes from memory once: ask for it ahead */
+                _mm_prefetch((const char *)w + (j * ldw + k) * item + 512, _MM_HINT_T0);
+            }
+            b[j] = load8(w, j * ldw + k, kind);
+        }
+        for (int i = 0; i < rows; i++) {
+            __m256 a = _mm256_loadu_ps(x + i * ldx + k);
+            for (int j = 0; j < cols; j++) {
+                acc[i][j] = _mm256_fmadd_ps(a, b[j], acc[i][j]);
+            }
+        }
+    }
+    for (int i = 0; i < rows; i++) {
+        for (int j = 0; j < cols; j++) {
+            float s = lane_sum(acc[i][j]);
+            for (int64_t t = k; t < K; t++) {
+                s += x[i * ldx + t] * load1(w, j * ldw + t, kind);
+            }
+            y[i * ldy + j] = bias ? s + bias[j] : s;
+        }
+    }
+}
+
+typedef void (*tile_fn)(int, const float *, int64_t, const void *, int64_t, int64_t,
+                        const float *, float *, int64_t);
+
+#define TILE(KIND, ROWS, COLS)                                                                 \
+    static void tile_##KIND##_##ROWS##_##COLS(int prefetch, const float *x, int64_t ldx,       \
+                                              const void *w, int64_t ldw, int64_t K,           \
+                                              const float *bias, float *y, int64_t ldy) {      \
+        tile(ROWS, COLS, KIND, prefetch, x, ldx, w, ldw, K, bias, y, ldy);                     \
+    }
+#define TILE_ROWS(KIND, ROWS) TILE(KIND, ROWS, 1) TILE(KIND, ROWS, 2) TILE(KIND, ROWS, 3)
+#define TILE_KIND(KIND) \
+    TILE_ROWS(KIND, 1) TILE_ROWS(KIND, 2) TILE_ROWS(KIND, 3) TILE_ROWS(KIND, 4)
+TILE_KIND(0)
+TILE_KIND(1)
+TILE_KIND(2)
+
+#define ROW_FNS(KIND, ROWS) \
+    {tile_##KIND##_##ROWS##_1, tile_##KIND##_##ROWS##_2, tile_##KIND##_##ROWS##_3}
+#define KIND_FNS(KIND) \
+    {ROW_FNS(KIND, 1), ROW_FNS(KIND, 2), ROW_FNS(KIND, 3), ROW_FNS(KIND, 4)}
+static const tile_fn TILES[3][MR][NR] = {KIND_FNS(0), KIND_FNS(1), KIND_FNS(2)};
+
+int hwplug_linear_simd(void) { return 1; }
+
+int hwplug_linear(const float *x, int64_t M, int64_t K, int64_t ldx, const void *w, int kind,
+                  int64_t N, int64_t ldw, const float *bias, float *y, int64_t ldy,
+                  int threads) {
+    if (kind < 0 || kind > 2) {
+        return 1;
+    }
+    const size_t item = kind == KIND_F32 ? 4 : 2;
+    const int64_t tiles = (N + NR - 1) / NR;
+#pragma omp parallel for num_threads(threads > 0 ? threads : 1) schedule(static)
+    for (int64_t t = 0; t < tiles; t++) {
+        const int64_t n0 = t * NR;
+        const int cols = (int)(N - n0 < NR ? N - n0 : NR);
+        const char *wt = (const char *)w + (size_t)(n0 * ldw) * item;
+        for (int64_t m0 = 0; m0 < M; m0 += MR) {
+            const int rows = (int)(M - m0 < MR ? M - m0 : MR);
+            /* prefetching the weight rows ahead pays where several rows of x share them
+             * (one row is better left to the hardware prefetcher) */
+            TILES[kind][rows - 1][cols - 1](M >= 4, x + m0 * ldx, ldx, wt, ldw, K,
+                                            bias ? bias + n0 : NULL, y + m0 * ldy + n0, ldy);
+        }
+    }
+    return 0;
+}
+
+#else /* no AVX2/FMA/F16C: callers use oneDNN or torch */
+
+int hwplug_linear_simd(void) { return 0; }
+
+int hwplug_linear(const float *x, int64_t M, int64_t K, int64_t ldx, const void *w, int kind,
+                  int64_t N, int64_t ldw, const float *bias, float *y, int64_t ldy,
+                  int threads) {
+    (void)x, (void)M, (void)K, (void)ldx, (void)w, (void)kind, (void)N, (void)ldw;
+    (void)bias, (void)y, (void)ldy, (void)threads;
+    return 2;
+}
+
+#endif
