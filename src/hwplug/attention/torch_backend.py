@@ -166,14 +166,14 @@ def _reads_pages_in_place(
     import torch
 
     # lazy: torch; `import hwplug` (which lists the backends) stays light
-    from hwplug.kernels import cpu_decode
+    from hwplug.kernels import cpu_decode, native
 
     return (
         queries.device.type == "cpu"
         and queries.dtype == torch.float32
         and key_cache.dtype in cpu_decode.NATIVE_CACHE_DTYPES
         and plan.block_size <= cpu_decode.NATIVE_MAX_BLOCK_SIZE
-        and cpu_decode.native_decode_unavailable_reason() is None
+        and native.runs(cpu_decode.loaded)
     )
 
 

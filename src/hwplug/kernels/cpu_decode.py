@@ -54,7 +54,7 @@ def native_decode_unavailable_reason(device: torch.device | str = "cpu") -> str 
     ``HWPLUG_NATIVE_KERNELS`` is not ``0`` (read at each call). The first call
     that can run builds the library (about a second, once per machine).
     """
-    return native.unavailable_reason(device, "decode", _library)
+    return native.unavailable_reason(device, "decode", loaded)
 
 
 def paged_decode_attention(
@@ -198,7 +198,7 @@ def run(
     """The kernel on checked arguments (no value checks: the torch attention backend's
     ``prepare`` has made them): float32 ``query``, int64 ``block_table`` and ``seq_lens``
     with every block id in range and every length covered by its row."""
-    library = _library()
+    library = loaded()
     if isinstance(library, str):
         raise RuntimeError(f"the native paged decode kernel cannot run: {library}")
     n, heads, head_size = query.shape
@@ -246,7 +246,7 @@ def run(
 
 
 @functools.cache
-def _library() -> ctypes.CDLL | str:
+def loaded() -> ctypes.CDLL | str:
     """The native library with the kernel's signature declared, or why there is none."""
     library = native.library()
     if not isinstance(library, str):

@@ -43,7 +43,7 @@ kernel; more go to oneDNN, whose blocked GEMM wins there (docs/peers.md)."""
 
 
 @functools.cache
-def _library() -> ctypes.CDLL | str:
+def loaded() -> ctypes.CDLL | str:
     """The native library with the kernel's signature declared, or why it cannot run."""
     library = native.library()
     if isinstance(library, str):
@@ -63,7 +63,7 @@ def _library() -> ctypes.CDLL | str:
 
 def native_linear_unavailable_reason(device: torch.device | str = "cpu") -> str | None:
     """Why the native linear kernel cannot run on ``device``'s tensors, or None when it can."""
-    return native.unavailable_reason(device, "linear", _library)
+    return native.unavailable_reason(device, "linear", loaded)
 
 
 def native_linear(
@@ -128,7 +128,7 @@ def run(
 ) -> torch.Tensor:
     """The kernel on checked arguments: 2-D ``x``, a weight of a supported dtype with its
     last dimension contiguous, a float32 ``bias`` or None."""
-    library = _library()
+    library = loaded()
     if isinstance(library, str):
         raise RuntimeError(f"the native linear kernel cannot run: {library}")
     rows, inputs = x.shape

@@ -38,7 +38,7 @@ import functools
 
 import torch
 
-from hwplug.kernels import cpu_linear
+from hwplug.kernels import cpu_linear, native
 from hwplug.kernels.scratch import scratch
 
 __all__ = ["LINEAR_BACKENDS", "linear", "onednn_dtypes"]
@@ -105,14 +105,14 @@ def _upcast(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) ->
 
 def _native(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """The native kernel's product of a 2-D ``x`` for few rows, oneDNN's for more."""
-    if x.shape[0] > cpu_linear.NATIVE_LINEAR_MAX_ROWS or _native_reason() is not None:
+    if x.shape[0] > cpu_linear.NATIVE_LINEAR_MAX_ROWS or not _native_runs():
         return _onednn(x, weight, bias)
     out = cpu_linear.run(x, weight, None if bias is None else bias.float())
     return out if x.dtype == torch.float32 else out.to(x.dtype)
 
 
-def _native_reason() -> str | None:
-    return cpu_linear.native_linear_unavailable_reason("cpu")
+def _native_runs() -> bool:
+    return native.runs(cpu_linear.loaded)
 
 
 @torch.library.custom_op("hwplug::native_linear", mutates_args=())

@@ -143,6 +143,12 @@ def unavailable_reason(
     return built if isinstance(built, str) else None
 
 
+def runs(loaded: Callable[[], object] | None = None) -> bool:
+    """Whether the kernel ``loaded`` gives (default: the library) runs on CPU tensors now:
+    :func:`unavailable_reason` is None, checked without building a message (hot paths)."""
+    return os.environ.get(ENV, "").strip() != "0" and not isinstance((loaded or library)(), str)
+
+
 def _build(compiler: list[str], flags: tuple[str, ...], sources: list[Path], key: str) -> Path:
     """The built library for this key: found in the cache, else compiled into it."""
     for directory in (_cache_dir(), Path(tempfile.gettempdir()) / f"hwplug-kernels-{os.getuid()}"):
