@@ -1,6 +1,6 @@
 """Release check: build the sdist and the wheel, check their metadata, install the wheel
 into a clean virtual environment, import hwplug there, run ``hwplug info`` and build
-the CPU decode kernel from the installed source.
+the native CPU kernels from the installed sources.
 
 ``python scripts/release_check.py [--keep DIR]`` (``make release-check``). Exit
 status 0 when everything holds; otherwise 1, with one line per problem.
@@ -119,12 +119,12 @@ def main(argv: list[str] | None = None) -> int:
         )
         print(run(python, "-c", code, cwd=Path(tmp)).strip(), flush=True)
         run(str(venv / "bin" / "hwplug"), "info", cwd=Path(tmp))
-        # the CPU decode kernel builds from the installed source (where a compiler is)
+        # the native CPU kernels build from the installed sources (where a compiler is)
         kernel = "from hwplug.kernels import native_decode_unavailable_reason as r; print(r())"
         cache = f"XDG_CACHE_HOME={Path(tmp) / 'cache'}"
         said = run("env", cache, python, "-c", kernel, cwd=Path(tmp)).strip()
         if said != "None" and "no C compiler" not in said:
-            print(f"release check: the installed CPU decode kernel does not build: {said}")
+            print(f"release check: the installed native CPU kernels do not build: {said}")
             return 1
         run(str(venv / "bin" / "hwplug"), "resolve", "--simulate", "h100", "--json", cwd=Path(tmp))
         print("release check passed", flush=True)

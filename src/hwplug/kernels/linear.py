@@ -8,10 +8,11 @@ their platform gives (``Platform.linear_backend``):
   up to ``NATIVE_LINEAR_MAX_ROWS`` rows (decoding steps), oneDNN's inner
   product beyond (prefills). The kernel reads 32- and 16-bit weights as
   they lie and multiplies four rows at a time in registers: on the x86 CPU
-  we measured, 1.3-2x faster than oneDNN for 1-32 rows in float32 and
-  2-3x faster than oneDNN's float32 product of 16-bit weights (see
-  docs/peers.md). Where the kernel cannot run (no AVX2/FMA/F16C, no
-  compiler, ``HWPLUG_NATIVE_KERNELS=0``) it is ``"onednn"``;
+  we measured, 1.2-1.7x faster than oneDNN for 1-32 rows in float32 and
+  2-3.5x faster than oneDNN's float32 product of 16-bit weights (see
+  docs/decisions.md). Where the kernel cannot run (no AVX2/FMA/F16C, no
+  compiler, ``HWPLUG_NATIVE_KERNELS=0``, a weight whose rows are not
+  contiguous) it is ``"onednn"``;
 - ``"onednn"``: oneDNN's inner product, on CPUs. It reads the weight where
   it lies, in its own layout (no packed or converted copy is made or kept),
   so an in-place update of the weight is seen by the next call. On the
