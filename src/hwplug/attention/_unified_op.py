@@ -5,6 +5,8 @@ imports it on first use. (No ``from __future__ import annotations`` here:
 ``torch.library`` reads the signature's annotations to build the schema.)
 """
 
+from collections.abc import Callable
+
 import torch
 
 from hwplug.attention.base import AttentionBackend
@@ -18,8 +20,6 @@ __all__ = [
     "OP_WITH_OUTPUT",
     "as_scale_tensor",
     "op_arguments",
-    "unified_attention_op",
-    "unified_attention_with_output_op",
 ]
 
 
@@ -121,13 +121,7 @@ def _attend(
     return _backend(backend, call, scale, sliding_window).forward_call(call)
 
 
-unified_attention_op = torch.library.custom_op(
-    "hwplug::unified_attention", mutates_args=("key_cache", "value_cache")
-)(_attend)
-
-
-@unified_attention_op.register_fake
-def _(
+def _fake_attend(
     query: torch.Tensor,
     key: torch.Tensor,
     value: torch.Tensor,
@@ -146,11 +140,7 @@ def _(
     return torch.empty_like(query)
 
 
-@torch.library.custom_op(
-    "hwplug::unified_attention_with_output",
-    mutates_args=("output", "key_cache", "value_cache"),
-)
-def unified_attention_with_output_op(
+def _attend_into(
     query: torch.Tensor,
     key: torch.Tensor,
     value: torch.Tensor,
@@ -196,6 +186,37 @@ def unified_attention_with_output_op(
         )
     )
 
+
+def _fake_attend_into(*args: object) -> None:
+    return None
+
+
+# Defined on a torch.library fragment, the way the reference engine registers its
+# attention ops: one kernel for every device (CompositeExplicitAutograd) and a fake
+# for tracing. ``torch.library.custom_op`` would add a Python autograd and
+# ADInplaceOrView layer to every call (about a fifth of a millisecond on a CPU,
+# on each layer of each step) that inference does not need; the schema (with the
+# mutated caches marked) is the same, so tracing and functionalisation see the
+# same op.
+_LIBRARY = torch.library.Library("hwplug", "FRAGMENT")
+
+
+def _register(
+    name: str, kernel: Callable[..., object], fake: Callable[..., object], mutates: tuple[str, ...]
+) -> None:
+    schema = torch.library.infer_schema(kernel, mutates_args=mutates)
+    _LIBRARY.define(name + schema)
+    _LIBRARY.impl(name, kernel, "CompositeExplicitAutograd")
+    torch.library.register_fake(f"hwplug::{name}", fake, lib=_LIBRARY)
+
+
+_register("unified_attention", _attend, _fake_attend, ("key_cache", "value_cache"))
+_register(
+    "unified_attention_with_output",
+    _attend_into,
+    _fake_attend_into,
+    ("output", "key_cache", "value_cache"),
+)
 
 OP = torch.ops.hwplug.unified_attention
 """``torch.ops.hwplug.unified_attention``: what traced graphs call."""
