@@ -26,6 +26,8 @@ from hwplug.kernels import (
     NATIVE_LINEAR_MAX_ROWS,
     linear,
     native_linear,
+    native_linear_lanes,
+    native_linear_rows,
     native_linear_unavailable_reason,
 )
 
@@ -198,11 +200,13 @@ def test_other_devices_and_the_switch_say_why_it_cannot_run(
     assert torch.allclose(linear(x, w, backend="native"), x @ w.t(), atol=1e-5)
 
 
-@pytest.mark.parametrize("rows", [1, 4, NATIVE_LINEAR_MAX_ROWS, NATIVE_LINEAR_MAX_ROWS + 1, 150])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("rows", [1, 4, "limit", "limit+1", NATIVE_LINEAR_MAX_ROWS + 1, 150])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 def test_the_native_backend_gives_the_product_on_both_sides_of_its_row_limit(
-    rows: int, dtype: torch.dtype
+    rows: int | str, dtype: torch.dtype
 ) -> None:
+    if isinstance(rows, str):  # this CPU's limit for the dtype (at least 1)
+        rows = max(1, native_linear_rows(dtype)) + (1 if rows.endswith("+1") else 0)
     gen = torch.Generator().manual_seed(rows)
     x = torch.randn(rows, 72, generator=gen).to(dtype)
     w = torch.randn(40, 72, generator=gen).to(dtype)
@@ -212,6 +216,18 @@ def test_the_native_backend_gives_the_product_on_both_sides_of_its_row_limit(
     assert got.dtype == dtype
     tolerance = 1e-4 if dtype == torch.float32 else 3e-2
     assert float((got.float() - want).abs().max()) <= tolerance * float(want.abs().max())
+
+
+def test_the_row_limit_follows_the_kernel_and_the_dtype() -> None:
+    """The kernel takes no rows of a dtype it cannot read, at most the maximum of any,
+    and float32 up to the maximum where it has only AVX2 (oneDNN's GEMM has no more)."""
+    assert native_linear_rows(torch.float64) == 0
+    assert native_linear_rows(torch.int8) == 0
+    for dtype in NATIVE_LINEAR_DTYPES:
+        assert 0 < native_linear_rows(dtype) <= NATIVE_LINEAR_MAX_ROWS
+    assert native_linear_lanes() in (8, 16)
+    if native_linear_lanes() == 8:
+        assert native_linear_rows(torch.float32) == NATIVE_LINEAR_MAX_ROWS
 
 
 _PROBE = """
@@ -224,6 +240,37 @@ print("DECODE", native_decode_unavailable_reason())
 x, w = torch.randn(3, 40), torch.randn(7, 40)
 print("CLOSE", torch.allclose(linear(x, w, backend="native"), x @ w.t(), atol=1e-5))
 """
+
+
+_AVX2_PROBE = """
+import torch
+from hwplug.kernels import native_linear, native_linear_lanes, native_linear_rows
+print("LANES", native_linear_lanes(), "ROWS", native_linear_rows(torch.float32))
+gen = torch.Generator().manual_seed(0)
+worst = 0.0
+for rows, inputs, features in [(1, 8, 3), (3, 40, 7), (5, 100, 11), (16, 136, 9), (64, 72, 5)]:
+    for dtype in (torch.float32, torch.bfloat16, torch.float16):
+        x = torch.randn(rows, inputs, generator=gen)
+        w = torch.randn(features, inputs, generator=gen).to(dtype)
+        want = x.double() @ w.double().t()
+        got = native_linear(x, w).double()
+        worst = max(worst, float(((got - want).abs() / (1 + want.abs())).max()))
+print("WORST", worst)
+"""
+
+
+def test_built_for_avx2_only_it_multiplies_8_lanes_at_a_time(tmp_path: Path) -> None:
+    """The 256-bit path, built on a CPU with AVX-512 by leaving AVX-512 out (where the CPU
+    has only AVX2 it is the path every other test takes): the same products."""
+    compiler = os.environ.get("CC", "cc")
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path), "CC": f"{compiler} -mno-avx512f"}
+    done = subprocess.run(
+        [sys.executable, "-c", _AVX2_PROBE], capture_output=True, text=True, env=env, timeout=300
+    )
+    assert done.returncode == 0, done.stderr
+    assert f"LANES 8 ROWS {NATIVE_LINEAR_MAX_ROWS}" in done.stdout, done.stdout
+    worst = float(done.stdout.split("WORST")[1])
+    assert worst < 1e-4, done.stdout
 
 
 def test_built_without_avx2_fma_it_says_why_and_the_backend_uses_onednn(tmp_path: Path) -> None:

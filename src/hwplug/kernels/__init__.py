@@ -30,6 +30,7 @@ from hwplug.kernels.cpu_linear import (
     NATIVE_LINEAR_DTYPES,
     NATIVE_LINEAR_MAX_ROWS,
     native_linear,
+    native_linear_lanes,
     native_linear_unavailable_reason,
 )
 from hwplug.kernels.formats import (
@@ -41,7 +42,7 @@ from hwplug.kernels.formats import (
     fp8_max,
     is_fp8,
 )
-from hwplug.kernels.linear import LINEAR_BACKENDS, linear
+from hwplug.kernels.linear import LINEAR_BACKENDS, linear, native_linear_rows
 from hwplug.kernels.paged_kv import (
     BACKENDS,
     compute_kv_scales,
@@ -70,7 +71,9 @@ __all__ = [
     "linear",
     "native_decode_unavailable_reason",
     "native_linear",
+    "native_linear_lanes",
     "native_linear_unavailable_reason",
+    "native_linear_rows",
     "paged_decode_attention",
     "select_backend",
     "triton_unavailable_reason",

@@ -10,11 +10,13 @@ input at a time, so an update of the weight is seen by the next call and
 no copy is kept. Products are summed in float32.
 
 It needs a CPU with AVX2, FMA and F16C (the library is built with
-``-march=native``); elsewhere, or when the native kernels cannot be built or
+``-march=native``; on a CPU with AVX-512F it uses 512-bit registers);
+elsewhere, or when the native kernels cannot be built or
 ``HWPLUG_NATIVE_KERNELS=0`` is set, :func:`native_linear_unavailable_reason`
 says why. :func:`hwplug.kernels.linear` with ``backend="native"`` (the CPU
-platform's ``linear_backend``) takes it for up to :data:`NATIVE_LINEAR_MAX_ROWS`
-rows and oneDNN beyond.
+platform's ``linear_backend``) takes it for up to
+:func:`hwplug.kernels.linear.native_linear_rows` rows (at most
+:data:`NATIVE_LINEAR_MAX_ROWS`) and oneDNN beyond.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ __all__ = [
     "NATIVE_LINEAR_DTYPES",
     "NATIVE_LINEAR_MAX_ROWS",
     "native_linear",
+    "native_linear_lanes",
     "native_linear_unavailable_reason",
 ]
 
@@ -38,8 +41,10 @@ NATIVE_LINEAR_DTYPES = frozenset(_KINDS)
 """The weight dtypes the kernel reads."""
 
 NATIVE_LINEAR_MAX_ROWS = 64
-"""Up to this many rows :func:`hwplug.kernels.linear` (``backend="native"``) takes the
-kernel; more go to oneDNN, whose blocked GEMM wins there (docs/peers.md)."""
+"""The most rows :func:`hwplug.kernels.linear` (``backend="native"``) ever gives the
+kernel; more go to oneDNN, whose blocked GEMM wins there (docs/decisions.md). On a CPU
+where oneDNN is stronger (AVX-512, native 16-bit products) it gives fewer:
+:func:`hwplug.kernels.linear.native_linear_rows`."""
 
 
 @functools.cache
@@ -48,7 +53,7 @@ def loaded() -> ctypes.CDLL | str:
     library = native.library()
     if isinstance(library, str):
         return library
-    if library.hwplug_linear_simd() != 1:
+    if library.hwplug_linear_simd() not in (8, 16):
         return "the native linear kernel needs a CPU with AVX2, FMA and F16C"
     i64, ptr = ctypes.c_int64, ctypes.c_void_p
     function = library.hwplug_linear
@@ -59,6 +64,13 @@ def loaded() -> ctypes.CDLL | str:
         ptr, ptr, i64, ctypes.c_int,  # bias, out, out's row stride, threads
     ]  # fmt: skip
     return library
+
+
+def native_linear_lanes() -> int:
+    """The lanes of k the kernel multiplies at a time: 16 where it was built for AVX-512,
+    8 for AVX2, 0 where it cannot run."""
+    library = loaded()
+    return 0 if isinstance(library, str) else int(library.hwplug_linear_simd())
 
 
 def native_linear_unavailable_reason(device: torch.device | str = "cpu") -> str | None:

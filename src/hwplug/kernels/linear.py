@@ -5,14 +5,16 @@ their platform gives (``Platform.linear_backend``):
 
 - ``"torch"``: ``torch.nn.functional.linear`` (the BLAS torch was built with);
 - ``"native"``: hwplug's CPU kernel (:mod:`hwplug.kernels.cpu_linear`) for
-  up to ``NATIVE_LINEAR_MAX_ROWS`` rows (decoding steps), oneDNN's inner
-  product beyond (prefills). The kernel reads 32- and 16-bit weights as
-  they lie and multiplies four rows at a time in registers: on the x86 CPU
-  we measured, 1.2-1.7x faster than oneDNN for 1-32 rows in float32 and
-  2-3.5x faster than oneDNN's float32 product of 16-bit weights (see
-  docs/decisions.md). Where the kernel cannot run (no AVX2/FMA/F16C, no
-  compiler, ``HWPLUG_NATIVE_KERNELS=0``, a weight whose rows are not
-  contiguous) it is ``"onednn"``;
+  up to :func:`native_linear_rows` rows (decoding steps; how many depends on the
+  CPU and the dtype), oneDNN's inner product beyond (prefills). The kernel
+  reads 32- and 16-bit weights as they lie and multiplies four rows at a
+  time in registers. Measured (docs/decisions.md): on an AVX2 CPU (Zen 1),
+  1.2-1.7x faster than oneDNN for 1-32 rows in float32 and 2-3.5x faster
+  than oneDNN's float32 product of 16-bit weights; on an AVX-512 CPU with
+  AMX, 1.1-3.6x faster for 1-16 rows in float32 and 1.1-2x for 1-4 rows of
+  bfloat16. Where the kernel cannot run (no AVX2/FMA/F16C, no compiler,
+  ``HWPLUG_NATIVE_KERNELS=0``, a weight whose rows are not contiguous) it
+  is ``"onednn"``;
 - ``"onednn"``: oneDNN's inner product, on CPUs. It reads the weight where
   it lies, in its own layout (no packed or converted copy is made or kept),
   so an in-place update of the weight is seen by the next call. On the
@@ -42,7 +44,7 @@ import torch
 from hwplug.kernels import cpu_linear, native
 from hwplug.kernels.scratch import scratch
 
-__all__ = ["LINEAR_BACKENDS", "linear", "onednn_dtypes"]
+__all__ = ["LINEAR_BACKENDS", "linear", "native_linear_rows", "onednn_dtypes"]
 
 LINEAR_BACKENDS = ("torch", "native", "onednn")
 """The backends :func:`linear` knows."""
@@ -104,9 +106,34 @@ def _upcast(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) ->
     return out.to(x.dtype)
 
 
+@functools.cache
+def native_linear_rows(dtype: torch.dtype) -> int:
+    """Up to how many rows backend ``"native"`` gives hwplug's kernel a weight of
+    ``dtype`` on this CPU (more go to oneDNN; 0 where the kernel cannot run).
+
+    Where the two cross was measured (docs/decisions.md): with AVX2 only, oneDNN's
+    blocked GEMM catches up between 64 and 128 rows, so the kernel takes up to
+    :data:`~hwplug.kernels.cpu_linear.NATIVE_LINEAR_MAX_ROWS`; on a CPU with
+    AVX-512, about 24 rows in float32; and a 16-bit weight on a CPU where oneDNN
+    multiplies that dtype natively (AVX-512 BF16/FP16, AMX) goes to oneDNN beyond
+    4 rows. A 16-bit weight without native oneDNN kernels stays on the kernel up to
+    the maximum: oneDNN would compute it in float32 from converted pieces.
+    """
+    lanes = cpu_linear.native_linear_lanes()
+    if lanes == 0 or dtype not in cpu_linear.NATIVE_LINEAR_DTYPES:
+        return 0
+    if dtype != torch.float32:
+        return _NATIVE_16BIT_ROWS if dtype in onednn_dtypes() else cpu_linear.NATIVE_LINEAR_MAX_ROWS
+    return _NATIVE_AVX512_ROWS if lanes == 16 else cpu_linear.NATIVE_LINEAR_MAX_ROWS
+
+
+_NATIVE_AVX512_ROWS = 24
+_NATIVE_16BIT_ROWS = 4
+
+
 def _native(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """The native kernel's product of a 2-D ``x`` for few rows, oneDNN's for more."""
-    if x.shape[0] > cpu_linear.NATIVE_LINEAR_MAX_ROWS or not _native_runs():
+    if x.shape[0] > native_linear_rows(weight.dtype) or not _native_runs():
         return _onednn(x, weight, bias)
     out = cpu_linear.run(x, weight, None if bias is None else bias.float())
     return out if x.dtype == torch.float32 else out.to(x.dtype)

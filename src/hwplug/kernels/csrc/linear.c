@@ -6,12 +6,14 @@
  * blocked layout on every call or keeps a packed second copy. Here each
  * weight row is read once per four rows of x and multiplied in registers:
  * tiles of up to 4 rows of x by 3 rows of w, 8 lanes of k at a time with
- * FMAs, summed across lanes at the end (16-bit weights widened in registers).
+ * FMAs (16 with AVX-512), summed across lanes at the end (16-bit weights
+ * widened in registers).
  *
  * Built on first use by hwplug.kernels.native with the system C compiler.
  * The vector path needs AVX2, FMA and F16C (-march=native on such a CPU);
  * compiled without them, hwplug_linear_simd() is 0 and hwplug_linear returns
- * 2 so that callers take oneDNN or torch instead.
+ * 2 so that callers take oneDNN or torch instead. Built for a CPU with
+ * AVX-512F, it uses 512-bit registers and hwplug_linear_simd() is 16.
  *
  * Layouts (element strides; the last dimension is contiguous):
  *   x    [M, K] float32, row stride ldx
@@ -24,7 +26,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-int hwplug_linear_version(void) { return 1; }
+int hwplug_linear_version(void) { return 2; }
 
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #include <immintrin.h>
@@ -32,7 +34,32 @@ int hwplug_linear_version(void) { return 1; }
 enum { KIND_F32 = 0, KIND_BF16 = 1, KIND_F16 = 2 };
 enum { MR = 4, NR = 3 };
 
-static inline __attribute__((always_inline)) __m256 load8(const void *w, int64_t i, int kind) {
+#if defined(__AVX512F__)
+/* 16 lanes of k at a time in 512-bit registers (AVX-512F has the 16-bit widenings) */
+enum { LANES = 16 };
+typedef __m512 vec;
+#define VZERO() _mm512_setzero_ps()
+#define VLOADX(p) _mm512_loadu_ps(p)
+#define VFMA(a, b, c) _mm512_fmadd_ps(a, b, c)
+static inline __attribute__((always_inline)) __m512 loadw(const void *w, int64_t i, int kind) {
+    if (kind == KIND_F32) {
+        return _mm512_loadu_ps((const float *)w + i);
+    }
+    __m256i h = _mm256_loadu_si256((const __m256i *)((const uint16_t *)w + i));
+    if (kind == KIND_BF16) {
+        return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+    }
+    return _mm512_cvtph_ps(h);
+}
+static inline float lane_sum(__m512 v) { return _mm512_reduce_add_ps(v); }
+#else
+/* 8 lanes of k at a time in 256-bit registers */
+enum { LANES = 8 };
+typedef __m256 vec;
+#define VZERO() _mm256_setzero_ps()
+#define VLOADX(p) _mm256_loadu_ps(p)
+#define VFMA(a, b, c) _mm256_fmadd_ps(a, b, c)
+static inline __attribute__((always_inline)) __m256 loadw(const void *w, int64_t i, int kind) {
     if (kind == KIND_F32) {
         return _mm256_loadu_ps((const float *)w + i);
     }
@@ -42,6 +69,13 @@ static inline __attribute__((always_inline)) __m256 load8(const void *w, int64_t
     }
     return _mm256_cvtph_ps(h);
 }
+static inline float lane_sum(__m256 v) {
+    __m128 a = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    a = _mm_add_ps(a, _mm_movehl_ps(a, a));
+    a = _mm_add_ss(a, _mm_shuffle_ps(a, a, 1));
+    return _mm_cvtss_f32(a);
+}
+#endif
 
 static inline __attribute__((always_inline)) float load1(const void *w, int64_t i, int kind) {
     if (kind == KIND_F32) {
@@ -55,38 +89,31 @@ static inline __attribute__((always_inline)) float load1(const void *w, int64_t 
     return _cvtsh_ss(h);
 }
 
-static inline float lane_sum(__m256 v) {
-    __m128 a = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    a = _mm_add_ps(a, _mm_movehl_ps(a, a));
-    a = _mm_add_ss(a, _mm_shuffle_ps(a, a, 1));
-    return _mm_cvtss_f32(a);
-}
-
 /* rows x cols outputs; rows, cols and kind are constants where it is inlined, so the
  * accumulators live in registers (4 x 3 of them, 3 weight vectors, 1 row of x) */
 static inline __attribute__((always_inline)) void tile(
     int rows, int cols, int kind, int prefetch, const float *x, int64_t ldx, const void *w,
     int64_t ldw, int64_t K, const float *bias, float *y, int64_t ldy) {
     const int64_t item = kind == KIND_F32 ? 4 : 2;
-    __m256 acc[MR][NR];
+    vec acc[MR][NR];
     for (int i = 0; i < rows; i++) {
         for (int j = 0; j < cols; j++) {
-            acc[i][j] = _mm256_setzero_ps();
+            acc[i][j] = VZERO();
         }
     }
     int64_t k = 0;
-    for (; k + 8 <= K; k += 8) {
-        __m256 b[NR];
+    for (; k + LANES <= K; k += LANES) {
+        vec b[NR];
         for (int j = 0; j < cols; j++) {
             if (prefetch) { /* the weight comes from memory once: ask for it ahead */
                 _mm_prefetch((const char *)w + (j * ldw + k) * item + 512, _MM_HINT_T0);
             }
-            b[j] = load8(w, j * ldw + k, kind);
+            b[j] = loadw(w, j * ldw + k, kind);
         }
         for (int i = 0; i < rows; i++) {
-            __m256 a = _mm256_loadu_ps(x + i * ldx + k);
+            vec a = VLOADX(x + i * ldx + k);
             for (int j = 0; j < cols; j++) {
-                acc[i][j] = _mm256_fmadd_ps(a, b[j], acc[i][j]);
+                acc[i][j] = VFMA(a, b[j], acc[i][j]);
             }
         }
     }
@@ -123,7 +150,8 @@ TILE_KIND(2)
     {ROW_FNS(KIND, 1), ROW_FNS(KIND, 2), ROW_FNS(KIND, 3), ROW_FNS(KIND, 4)}
 static const tile_fn TILES[3][MR][NR] = {KIND_FNS(0), KIND_FNS(1), KIND_FNS(2)};
 
-int hwplug_linear_simd(void) { return 1; }
+/* the lanes of k the kernel multiplies at a time (0: no vector path) */
+int hwplug_linear_simd(void) { return LANES; }
 
 int hwplug_linear(const float *x, int64_t M, int64_t K, int64_t ldx, const void *w, int kind,
                   int64_t N, int64_t ldw, const float *bias, float *y, int64_t ldy,
