@@ -106,6 +106,14 @@ def _upcast(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) ->
     return out.to(x.dtype)
 
 
+_NATIVE_AVX512_ROWS = 24
+"""Float32 rows the kernel takes where it was built for AVX-512 (oneDNN's AVX-512 GEMM
+catches up at 24-32 rows)."""
+_NATIVE_16BIT_ROWS = 4
+"""Rows of a 16-bit weight the kernel takes where oneDNN multiplies that dtype natively
+(on AMX, oneDNN was faster from 8 rows)."""
+
+
 @functools.cache
 def native_linear_rows(dtype: torch.dtype) -> int:
     """Up to how many rows backend ``"native"`` gives hwplug's kernel a weight of
@@ -125,10 +133,6 @@ def native_linear_rows(dtype: torch.dtype) -> int:
     if dtype != torch.float32:
         return _NATIVE_16BIT_ROWS if dtype in onednn_dtypes() else cpu_linear.NATIVE_LINEAR_MAX_ROWS
     return _NATIVE_AVX512_ROWS if lanes == 16 else cpu_linear.NATIVE_LINEAR_MAX_ROWS
-
-
-_NATIVE_AVX512_ROWS = 24
-_NATIVE_16BIT_ROWS = 4
 
 
 def _native(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
