@@ -74,6 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     worker = bench_peers.TinyEngineWorker(worker_args)
     worker.load()
+    worker.settle()
     worker.generate(warm["prompts"], [min(2, n) for n in warm["max_tokens"]])
     seconds: dict[str, float] = {}
     _time_calls(seconds)

@@ -1,4 +1,6 @@
-"""Compilation support: :func:`compile_model` and the level-3 piecewise backend.
+"""Compilation support: :func:`compile_model`, the level-3 piecewise backend, and
+compiling in a worker thread while an engine serves eagerly
+(:class:`BackgroundCompilation`, :func:`compiles_in_background`).
 
 Importing this package is cheap: :class:`PiecewiseBackend`, which imports
 torch, is loaded on first use.
@@ -8,12 +10,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from hwplug.compilation.background import BackgroundCompilation, compiles_in_background
 from hwplug.compilation.compile import compile_model
 
 if TYPE_CHECKING:
     from hwplug.compilation.piecewise import PiecewiseBackend
 
-__all__ = ["PiecewiseBackend", "compile_model"]
+__all__ = ["BackgroundCompilation", "PiecewiseBackend", "compile_model", "compiles_in_background"]
 
 
 def __getattr__(name: str) -> Any:

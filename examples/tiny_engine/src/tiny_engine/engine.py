@@ -289,7 +289,12 @@ class LLM:
             f", compiling (level {level}) and capturing graphs" if level else "",
         )
         built = self.executor.run("init_cache", blocks, block_size)[0]
-        logger.info("ready in %.1f s of compilation and capture", float(built["compile_seconds"]))
+        if built.get("compiling_in_background"):
+            logger.info("ready, running eagerly while the model compiles in the background")
+        else:
+            logger.info(
+                "ready in %.1f s of compilation and capture", float(built["compile_seconds"])
+            )
         self.graphs_captured = int(built["graphs_captured"])
         self.compile_seconds = float(built["compile_seconds"])
         worker = self.executor.local_worker
@@ -334,6 +339,21 @@ class LLM:
         than 0 of a job an external launcher started (every rank has the same results)."""
         executor = self.executor
         return not (executor is not None and getattr(executor, "rank", 0) != 0)
+
+    def wait_compiled(self, timeout: float | None = None) -> bool:
+        """Wait (at most ``timeout`` seconds) until the model runs compiled.
+
+        Where hwplug lets the model compile in the background
+        (:func:`hwplug.compilation.compiles_in_background`: one rank, no device
+        graphs), the engine serves eagerly from its first step and switches to the
+        compiled model once a worker thread has built it. Returns True once nothing
+        is left compiling (``stats["compiled"]`` says whether it succeeded).
+
+        :raises RuntimeError: the engine is closed.
+        """
+        if self.executor is None:
+            raise RuntimeError("the engine is closed")
+        return all(self.executor.run("wait_compiled", timeout))
 
     def close(self) -> None:
         """Stop the ranks (other processes, Ray actors) and leave the process group.
@@ -545,6 +565,12 @@ class LLM:
         return out
 
     # -- reporting ------------------------------------------------------------------------------
+    def _compilation_state(self) -> dict[str, Any]:
+        if self.executor is None:
+            return {}
+        state: dict[str, Any] = self.executor.run("compilation_state")[0]
+        return state
+
     @property
     def stats(self) -> dict[str, Any]:
         """What runs and how it went: platform, backend, graphs, cache, cumulative counters."""
@@ -562,6 +588,7 @@ class LLM:
                 "compilation_level": int(cfg.compilation.level or 0),
                 "cudagraph_mode": str(cfg.compilation.cudagraph_mode),
                 "graphs_captured": self.graphs_captured,
+                **self._compilation_state(),
                 "block_size": cfg.cache.block_size,
                 "cache_dtype": cfg.cache.cache_dtype,
                 "num_blocks": self.num_blocks,

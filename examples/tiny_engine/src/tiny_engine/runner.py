@@ -10,7 +10,11 @@ Compilation follows ``compilation.level``: 0 runs eagerly; 1 and 2 wrap the
 model in ``torch.compile`` with the resolved backend (``init_backend()``); 3
 uses hwplug's piecewise backend, which splits the graph at the attention op
 and wraps each compiled piece in the platform's graph wrapper. FULL graphs wrap
-the whole (compiled) model in the platform's graph wrapper.
+the whole (compiled) model in the platform's graph wrapper. Where hwplug says
+the model may compile in the background (no graphs to capture, one rank:
+:func:`hwplug.compilation.compiles_in_background`), the runner serves eagerly
+until the compiled model, built and warmed up in a worker thread on inputs of
+its own, is ready, and then switches to it between two steps.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ from typing import Any
 import torch
 
 from hwplug.attention import AttentionMetadata, forward_context, get_backend
-from hwplug.compilation import compile_model
+from hwplug.compilation import BackgroundCompilation, compile_model
 from hwplug.core.config import CUDAGraphMode, EngineConfig
 from hwplug.core.graphs import (
     BatchDescriptor,
@@ -83,6 +87,9 @@ class ModelRunner:
     Build it after the KV cache is in the model's layers: compilation and
     capture trace the model with its final buffers (``compile_model=False``
     gives an eager runner, for the profile run before the cache is sized).
+    With ``background`` (the caller has asked
+    :func:`~hwplug.compilation.compiles_in_background`), :meth:`warm_up` starts
+    the compilation in a worker thread and the runner runs eagerly until it is done.
     """
 
     def __init__(
@@ -93,6 +100,7 @@ class ModelRunner:
         device: torch.device,
         *,
         compile_model: bool = True,
+        background: bool = False,
     ) -> None:
         self.model = model
         self.config = config
@@ -129,7 +137,13 @@ class ModelRunner:
         self.attention = get_backend(str(config.attention.backend))
         self._pin = device.type == "cuda"
 
-        self.compiled: Callable[..., torch.Tensor] = self._compile() if compile_model else model
+        self.background: BackgroundCompilation[Callable[..., torch.Tensor]] | None = None
+        """The compilation running in a worker thread (until the runner adopts its result)."""
+        self._compile_later = compile_model and background
+        self._finished: BackgroundCompilation[Callable[..., torch.Tensor]] | None = None
+        self.compiled: Callable[..., torch.Tensor] = (
+            self._compile() if compile_model and not background else model
+        )
         self.full_graph: Callable[..., torch.Tensor] | None = None
         full = CUDAGraphMode.FULL in self.dispatcher.runtime_modes
         if wrapper_cls is not None and compile_model and full:
@@ -152,6 +166,18 @@ class ModelRunner:
         tensor = torch.tensor(values, dtype=dtype)
         return tensor.pin_memory() if self._pin else tensor
 
+    def _private_buffers(self) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
+        """Input buffers shaped as the runner's own, for steps run beside the engine's."""
+
+        def like(t: torch.Tensor) -> torch.Tensor:
+            return torch.zeros_like(t)
+
+        m = self.metadata_buffers
+        metadata = AttentionMetadata(
+            like(m.query_start_loc), like(m.seq_lens), like(m.block_table), like(m.slot_mapping)
+        )
+        return like(self.input_ids), like(self.positions), metadata
+
     def _step_inputs(
         self,
         ids: list[int],
@@ -160,25 +186,32 @@ class ModelRunner:
         seq_lens: list[int],
         tables: list[list[int]],
         slots: list[int],
+        buffers: tuple[torch.Tensor, torch.Tensor, AttentionMetadata] | None = None,
     ) -> tuple[tuple[torch.Tensor, ...], Any]:
-        """Write one step's inputs into the buffers and prepare its attention.
+        """Write one step's inputs into the buffers (default: the runner's) and prepare
+        its attention.
 
         Returns the model's arguments (views of the buffers) and the prepared
         attention step the model's layers run with (``forward_context``).
         """
+        input_ids, position_buf, metadata_buffers = buffers or (
+            self.input_ids,
+            self.positions,
+            self.metadata_buffers,
+        )
         n, nb = len(ids), self._pin
-        self.input_ids[:n].copy_(self._host(ids, torch.int64), non_blocking=nb)
-        self.positions[:n].copy_(self._host(positions, torch.int64), non_blocking=nb)
+        input_ids[:n].copy_(self._host(ids, torch.int64), non_blocking=nb)
+        position_buf[:n].copy_(self._host(positions, torch.int64), non_blocking=nb)
         metadata = AttentionMetadata.build(
-            query_lens, seq_lens, tables, slots, device=self.device, out=self.metadata_buffers
+            query_lens, seq_lens, tables, slots, device=self.device, out=metadata_buffers
         )
         cache = self.model.attention_layers()[0].key_cache
         prepared = self.attention.prepare(
             metadata, num_blocks=int(cache.shape[0]), block_size=int(cache.shape[1])
         )
         args = (
-            self.input_ids[:n],
-            self.positions[:n],
+            input_ids[:n],
+            position_buf[:n],
             metadata.query_start_loc,
             metadata.seq_lens,
             metadata.block_table,
@@ -238,7 +271,11 @@ class ModelRunner:
         return mode, key, args, prepared, rows
 
     def _dummy_inputs(
-        self, num_tokens: int, batch: int, uniform: bool
+        self,
+        num_tokens: int,
+        batch: int,
+        uniform: bool,
+        buffers: tuple[torch.Tensor, torch.Tensor, AttentionMetadata] | None = None,
     ) -> tuple[tuple[torch.Tensor, ...], Any]:
         """A batch of ``num_tokens`` tokens in ``batch`` sequences that writes nothing."""
         if uniform:
@@ -249,7 +286,7 @@ class ModelRunner:
             ]
         tables = [[0] * -(-n // self.block_size) for n in lens]
         zeros = [0] * num_tokens
-        return self._step_inputs(zeros, zeros, lens, lens, tables, [-1] * num_tokens)
+        return self._step_inputs(zeros, zeros, lens, lens, tables, [-1] * num_tokens, buffers)
 
     def _dummy_batch(self, num_tokens: int) -> int:
         """Fewest sequences that hold ``num_tokens`` tokens within ``max_model_len`` each
@@ -266,6 +303,8 @@ class ModelRunner:
         self, mode: CUDAGraphMode, key: BatchDescriptor, args: tuple[torch.Tensor, ...]
     ) -> torch.Tensor:
         """Hidden states of prepared inputs, ``[padded tokens, hidden]``."""
+        if self.background is not None and self.background.done:
+            self._adopt(self.background)
         if self.eager_steps:
             self.eager_steps -= 1
             return self.model(*args)
@@ -306,16 +345,72 @@ class ModelRunner:
     def warm_up(self) -> None:
         """Compile now rather than in the first step, on a small step: its sizes are
         marked unbacked, so the one graph serves every step size, and tracing costs
-        no forward of the largest step."""
+        no forward of the largest step. A background runner starts its compilation
+        in a worker thread here and returns at once."""
+        if self._compile_later:
+            self._compile_later = False
+            self.background = BackgroundCompilation(self._build_in_background, name="model")
+            return
         if self.compiled is self.model:
             return
+        self._warm(self.compiled)
+
+    def _warm(
+        self,
+        compiled: Callable[..., torch.Tensor],
+        buffers: tuple[torch.Tensor, torch.Tensor, AttentionMetadata] | None = None,
+    ) -> None:
         n = self.largest_step(WARM_UP_TOKENS)
-        args, prepared = self._dummy_inputs(n, self._dummy_batch(n), uniform=False)
+        args, prepared = self._dummy_inputs(n, self._dummy_batch(n), False, buffers)
         for t in args:
             # One graph for every size, 1 included (no 0/1 specialisation).
             torch._dynamo.decorators.mark_unbacked(t, 0)
         with forward_context(prepared):
-            self.compiled(*args)
+            compiled(*args)
+
+    def _build_in_background(self) -> Callable[..., torch.Tensor]:
+        """The compiled model, traced and warmed up on buffers of its own (the engine's
+        steps use the runner's meanwhile); runs in the compilation's worker thread."""
+        compiled = self._compile()
+        self._warm(compiled, self._private_buffers())
+        return compiled
+
+    def _adopt(self, done: BackgroundCompilation[Callable[..., torch.Tensor]]) -> None:
+        """Switch to a finished background compilation's model (an eager runner stays
+        eager when it failed: the compilation has logged why)."""
+        self.background, self._finished = None, done
+        if done.result is not None:
+            self.compiled = done.result
+
+    def wait_compiled(self, timeout: float | None = None) -> bool:
+        """Wait for a background compilation (at most ``timeout`` seconds) and switch to
+        its model; True when the runner runs its compiled model or has nothing to wait
+        for (an eager level, or a failed compilation: see :meth:`compilation_state`)."""
+        pending = self.background
+        if pending is None:
+            return True
+        if not pending.wait(timeout):
+            return False
+        self._adopt(pending)
+        return True
+
+    def compilation_state(self) -> dict[str, Any]:
+        """How compilation stands: ``compiled`` (steps run compiled code),
+        ``compiling_in_background`` (a worker thread is still at it), and for a
+        background compilation that has finished, ``background_compile_seconds`` and
+        ``compile_error`` (None, or why it failed and the runner stayed eager)."""
+        pending, finished = self.background, self._finished
+        if pending is not None and pending.done:
+            finished = pending
+        return {
+            "compiled": self.compiled is not self.model
+            or (finished is not None and finished.result is not None),
+            "compiling_in_background": pending is not None and not pending.done,
+            "background_compile_seconds": None if finished is None else finished.seconds,
+            "compile_error": None
+            if finished is None or finished.error is None
+            else f"{type(finished.error).__name__}: {finished.error}",
+        }
 
     def _dummy_step(self, key: BatchDescriptor) -> None:
         """Run a forward shaped like graph key ``key`` (called by ``capture_graphs``)."""

@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 import hwplug
+from hwplug.compilation import compiles_in_background
 from hwplug.core import distributed
 from hwplug.core.config import EngineConfig
 from hwplug.core.dtypes import is_fp8_cache
@@ -168,18 +169,35 @@ class Worker:
         with hwplug.use_platform(plat), torch.inference_mode():
             self.allocate_cache(blocks, block_size)
             start = time.perf_counter()
-            self.runner = ModelRunner(self.model, cfg, plat, self.device)
+            scales = is_fp8_cache(cfg.cache.cache_dtype) and cfg.cache.calculate_kv_scales
+            # The fp8 scale step flips a flag the model's code reads: compile before it.
+            background = not scales and compiles_in_background(cfg, world_size=self.world_size)
+            self.runner = ModelRunner(self.model, cfg, plat, self.device, background=background)
             self.runner.warm_up()
             self.captured = self.runner.capture()
             self.compile_seconds = time.perf_counter() - start
-            if is_fp8_cache(cfg.cache.cache_dtype) and cfg.cache.calculate_kv_scales:
+            if scales:
                 # Scales come from the first real step, run eagerly; graphs read the buffers.
                 for layer in self.model.attention_layers():
                     layer.calculate_scales = True
                 self.runner.eager_steps = 1
             if self.live:
                 plat.synchronize()
-        return {"graphs_captured": len(self.captured), "compile_seconds": self.compile_seconds}
+        return {
+            "graphs_captured": len(self.captured),
+            "compile_seconds": self.compile_seconds,
+            "compiling_in_background": background,
+        }
+
+    def wait_compiled(self, timeout: float | None = None) -> bool:
+        """Wait for a background compilation (see :meth:`ModelRunner.wait_compiled`)."""
+        assert self.runner is not None
+        return self.runner.wait_compiled(timeout)
+
+    def compilation_state(self) -> dict[str, Any]:
+        """See :meth:`ModelRunner.compilation_state`."""
+        assert self.runner is not None
+        return self.runner.compilation_state()
 
     # -- running --------------------------------------------------------------------------
     def execute(self, step: StepInput) -> tuple[torch.Tensor, list[int]]:
@@ -218,7 +236,10 @@ class Worker:
         return os.getpid()
 
     def shutdown(self) -> None:
-        """Leave the process group."""
+        """Wait for a background compilation (its thread holds the model), then leave
+        the process group."""
+        if self.runner is not None:
+            self.runner.wait_compiled()
         if self.world_size > 1:
             distributed.register_communicator(TP_GROUP, None)
             self.platform.destroy_distributed()

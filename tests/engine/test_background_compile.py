@@ -1,0 +1,68 @@
+"""tiny_engine serving eagerly while hwplug compiles its model in a worker thread."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import tiny_engine.runner
+from tiny_engine import LLM
+
+from hwplug.compilation.background import ENV
+from tests.engine.conftest import prompts_of
+
+pytest.importorskip("transformers")
+
+
+def _config() -> dict[str, Any]:
+    # the CPU platform's default level (2, Inductor): not enforce_eager
+    return {"model": {"dtype": "float32"}, "cache": {"kv_cache_memory_bytes": 8 << 20}}
+
+
+def test_the_engine_serves_at_once_and_then_runs_compiled(
+    llama: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    prompts = prompts_of([5, 17, 9])
+    monkeypatch.setenv(ENV, "0")
+    with LLM(llama, config=_config(), platform="cpu") as sync:
+        assert sync.stats["compiled"] and not sync.stats["compiling_in_background"]
+        assert sync.stats["background_compile_seconds"] is None
+        expected = sync.generate(prompts, max_tokens=6, ignore_eos=True)
+    monkeypatch.delenv(ENV)
+    with LLM(llama, config=_config(), platform="cpu") as llm:
+        first = llm.generate(prompts, max_tokens=6, ignore_eos=True)  # eager or compiled
+        assert llm.wait_compiled(timeout=300)
+        stats = llm.stats
+        assert stats["compiled"] and not stats["compiling_in_background"]
+        assert stats["background_compile_seconds"] > 0 and stats["compile_error"] is None
+        assert llm.runner.compiled is not llm.model
+        after = llm.generate(prompts, max_tokens=6, ignore_eos=True)
+    assert first == expected and after == expected
+
+
+def test_a_failed_background_compilation_leaves_the_engine_eager(
+    llama: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def broken(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("inductor is out of order")
+
+    monkeypatch.delenv(ENV, raising=False)
+    monkeypatch.setattr(tiny_engine.runner, "compile_model", broken)
+    prompts = prompts_of([4, 11])
+    with LLM(llama, config=_config(), platform="cpu") as llm:
+        assert llm.wait_compiled(timeout=60)
+        stats = llm.stats
+        assert not stats["compiled"]
+        assert stats["compile_error"] == "RuntimeError: inductor is out of order"
+        assert llm.runner.compiled is llm.model
+        out = llm.generate(prompts, max_tokens=4, ignore_eos=True)
+    assert [len(o) for o in out] == [4, 4]
+
+
+def test_wait_compiled_on_a_closed_engine_is_an_error(llama: Path) -> None:
+    llm = LLM(llama, config={**_config(), "model": {"enforce_eager": True}}, platform="cpu")
+    assert llm.wait_compiled(timeout=0)  # nothing to compile
+    llm.close()
+    with pytest.raises(RuntimeError, match="the engine is closed"):
+        llm.wait_compiled()
