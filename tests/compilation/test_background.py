@@ -11,7 +11,7 @@ import torch
 
 import hwplug
 from hwplug.compilation import BackgroundCompilation, compile_model, compiles_in_background
-from hwplug.compilation.background import ENV
+from hwplug.compilation.background import BUILT_IN_BACKENDS, ENV
 from hwplug.core.config import EngineConfig
 
 
@@ -38,6 +38,16 @@ def test_no_background_compilation_for_an_eager_level_ranks_or_device_graphs(
     graphs = _resolved("h100")
     assert str(graphs.compilation.cudagraph_mode) != "NONE"
     assert not compiles_in_background(graphs)
+
+
+def test_a_custom_backend_is_built_before_the_engine_serves(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv(ENV, raising=False)
+    for name in sorted(BUILT_IN_BACKENDS - {""}):
+        assert compiles_in_background(_resolved("cpu-generic", backend=name)), name
+    custom = _resolved("cpu-generic", backend="my_pkg.my_backend")
+    assert not compiles_in_background(custom)
 
 
 def test_the_environment_turns_it_off_and_a_bad_value_is_an_error(

@@ -9,6 +9,7 @@ import pytest
 import tiny_engine.runner
 from tiny_engine import LLM
 
+from hwplug import ConfigError
 from hwplug.compilation.background import ENV
 from tests.engine.conftest import prompts_of
 
@@ -58,6 +59,15 @@ def test_a_failed_background_compilation_leaves_the_engine_eager(
         assert llm.runner.compiled is llm.model
         out = llm.generate(prompts, max_tokens=4, ignore_eos=True)
     assert [len(o) for o in out] == [4, 4]
+
+
+def test_a_backend_torch_does_not_have_is_still_an_error_at_construction(
+    llama: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv(ENV, raising=False)
+    config = {**_config(), "compilation": {"backend": "no_such_backend"}}
+    with pytest.raises(ConfigError, match="compilation.backend: 'no_such_backend'"):
+        LLM(llama, config=config, platform="cpu")
 
 
 def test_wait_compiled_on_a_closed_engine_is_an_error(llama: Path) -> None:

@@ -11,7 +11,9 @@ compiled model once it is ready (:attr:`~BackgroundCompilation.result`).
 Where that is safe is :func:`compiles_in_background`: there is no device
 graph to capture (capture needs the device to itself), one rank (a warm-up
 step of a tensor-parallel model would run collectives beside the engine's),
-and ``HWPLUG_BACKGROUND_COMPILE`` is not ``0``.
+the backend is one torch always has (a custom backend is built before the
+engine serves, so that a wrong name is an error there and then), and
+``HWPLUG_BACKGROUND_COMPILE`` is not ``0``.
 
 The worker thread runs in a copy of the caller's :mod:`contextvars` context
 (hwplug's current platform and session carry over) with the caller's grad and
@@ -37,7 +39,7 @@ from hwplug.core.config import CUDAGraphMode
 if TYPE_CHECKING:
     from hwplug.core.config import EngineConfig
 
-__all__ = ["ENV", "BackgroundCompilation", "compiles_in_background"]
+__all__ = ["BUILT_IN_BACKENDS", "ENV", "BackgroundCompilation", "compiles_in_background"]
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +48,10 @@ ENV = "HWPLUG_BACKGROUND_COMPILE"
 :func:`compiles_in_background`)."""
 
 _T = TypeVar("_T")
+
+BUILT_IN_BACKENDS = frozenset({"", "inductor", "eager", "aot_eager"})
+"""``compilation.backend`` values that compile in the background: torch always has them
+("" is the platform's default); any other backend is built before the engine serves."""
 
 _running: weakref.WeakSet[BackgroundCompilation[object]] = weakref.WeakSet()
 _exiting = threading.Event()
@@ -57,9 +63,10 @@ def compiles_in_background(config: EngineConfig, *, world_size: int = 1) -> bool
     """Whether an engine may compile ``config``'s model in a worker thread and serve
     eagerly meanwhile.
 
-    True when the resolved config compiles (level 1 to 3) and captures no device
-    graphs (``cudagraph_mode`` NONE), the engine has one rank, and
-    ``HWPLUG_BACKGROUND_COMPILE`` is not ``0``. ``config`` is a resolved config.
+    True when the resolved config compiles (level 1 to 3) with one of
+    :data:`BUILT_IN_BACKENDS` and captures no device graphs (``cudagraph_mode``
+    NONE), the engine has one rank, and ``HWPLUG_BACKGROUND_COMPILE`` is not
+    ``0``. ``config`` is a resolved config.
 
     :raises ValueError: ``HWPLUG_BACKGROUND_COMPILE`` is set to something other than
         ``0`` or ``1``.
@@ -71,7 +78,11 @@ def compiles_in_background(config: EngineConfig, *, world_size: int = 1) -> bool
         return False
     comp = config.compilation
     mode = comp.cudagraph_mode
-    return int(comp.level or 0) > 0 and (mode is None or mode == CUDAGraphMode.NONE)
+    return (
+        int(comp.level or 0) > 0
+        and (mode is None or mode == CUDAGraphMode.NONE)
+        and str(comp.backend or "") in BUILT_IN_BACKENDS
+    )
 
 
 class BackgroundCompilation(Generic[_T]):
