@@ -74,7 +74,8 @@ def check_metadata(wheel: Path, sdist: Path, project: dict) -> list[str]:
         problems.append("the wheel carries the tests")
     if not any(n == "hwplug/py.typed" for n in names):
         problems.append("the wheel lacks hwplug/py.typed (typed package marker)")
-    for source in sorted((REPO / "src/hwplug/kernels/csrc").glob("*.c")):
+    csrc = REPO / "src/hwplug/kernels/csrc"
+    for source in sorted([*csrc.glob("*.c"), *csrc.glob("*.h")]):
         name = f"hwplug/kernels/csrc/{source.name}"
         if name not in names:
             problems.append(f"the wheel lacks {name} (built at first use)")

@@ -256,12 +256,32 @@ for rows, inputs, features in [(1, 8, 3), (3, 40, 7), (5, 100, 11), (16, 136, 9)
         got = native_linear(x, w).double()
         worst = max(worst, float(((got - want).abs() / (1 + want.abs())).max()))
 print("WORST", worst)
+from hwplug.kernels import paged_decode_attention
+worst = 0.0
+for heads, kv_heads, size, lens, block in [(4, 2, 8, [5, 33], 4), (8, 1, 24, [17, 40], 16),
+                                          (16, 4, 64, [70, 3], 16), (6, 2, 16, [9], 32)]:
+    for dtype in (torch.float32, torch.bfloat16):
+        pages = -(-max(lens) // block)
+        k = torch.randn(len(lens) * pages + 2, block, kv_heads, size, generator=gen).to(dtype)
+        v = torch.randn(k.shape, generator=gen).to(dtype)
+        table = torch.randperm(k.shape[0], generator=gen)[: len(lens) * pages].view(len(lens), -1)
+        q = torch.randn(len(lens), heads, size, generator=gen)
+        got = paged_decode_attention(q, k, v, table, torch.tensor(lens), scale=size**-0.5)
+        for i, n in enumerate(lens):
+            rows = torch.tensor([int(table[i, t // block]) * block + t % block for t in range(n)])
+            keys = k.flatten(0, 1)[rows].double().repeat_interleave(heads // kv_heads, 1)
+            values = v.flatten(0, 1)[rows].double().repeat_interleave(heads // kv_heads, 1)
+            weights = torch.einsum("hd,thd->ht", q[i].double(), keys).mul(size**-0.5).softmax(-1)
+            want = torch.einsum("ht,thd->hd", weights, values)
+            worst = max(worst, float((got[i].double() - want).abs().max()))
+print("DECODE_WORST", worst)
 """
 
 
 def test_built_for_avx2_only_it_multiplies_8_lanes_at_a_time(tmp_path: Path) -> None:
     """The 256-bit path, built on a CPU with AVX-512 by leaving AVX-512 out (where the CPU
-    has only AVX2 it is the path every other test takes): the same products."""
+    has only AVX2 it is the path every other test takes): the same products, and the
+    same decode attention."""
     compiler = os.environ.get("CC", "cc")
     env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path), "CC": f"{compiler} -mno-avx512f"}
     done = subprocess.run(
@@ -269,8 +289,10 @@ def test_built_for_avx2_only_it_multiplies_8_lanes_at_a_time(tmp_path: Path) -> 
     )
     assert done.returncode == 0, done.stderr
     assert f"LANES 8 ROWS {NATIVE_LINEAR_MAX_ROWS}" in done.stdout, done.stdout
-    worst = float(done.stdout.split("WORST")[1])
+    worst = float(done.stdout.split("WORST")[1].split()[0])
     assert worst < 1e-4, done.stdout
+    # the decode kernel's vector path on 8 lanes (head sizes 8, 16, 24, 64)
+    assert float(done.stdout.split("DECODE_WORST")[1]) < 1e-5, done.stdout
 
 
 def test_built_without_avx2_fma_it_says_why_and_the_backend_uses_onednn(tmp_path: Path) -> None:

@@ -3,8 +3,9 @@
 Some CPU work has no good torch op: decode attention that follows a block
 table (:mod:`hwplug.kernels.cpu_decode`) and few-row linears read straight
 from a 32- or 16-bit weight (:mod:`hwplug.kernels.cpu_linear`). Their C
-sources ship in the wheel and are compiled together, on first use, into one
-shared library with the system's C compiler (``$CC``, else ``cc``, ``gcc``
+sources (and ``simd.h``, the vector width they share) ship in the wheel and
+are compiled together, on first use, into one shared library with the
+system's C compiler (``$CC``, else ``cc``, ``gcc``
 or ``clang``; ``-O3 -march=native`` and OpenMP when the compiler has them),
 cached in ``$XDG_CACHE_HOME/hwplug/kernels`` (default
 ``~/.cache/hwplug/kernels``; a temporary directory when that is not
@@ -95,7 +96,9 @@ def library() -> ctypes.CDLL | str:
     if not compilers:
         return "no C compiler found (set CC, or install cc, gcc or clang)"
     sources = sorted(_SOURCES.glob("*.c"))
-    text = b"\0".join(s.name.encode() + b"\0" + s.read_bytes() for s in sources)
+    # the key covers the headers the sources include too
+    keyed = sources + sorted(_SOURCES.glob("*.h"))
+    text = b"\0".join(s.name.encode() + b"\0" + s.read_bytes() for s in keyed)
     problems = []
     for compiler in compilers:
         for flags in _FLAG_SETS:

@@ -28,53 +28,12 @@
 
 int hwplug_linear_version(void) { return 2; }
 
-#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
-#include <immintrin.h>
+#include "simd.h"
 
-enum { KIND_F32 = 0, KIND_BF16 = 1, KIND_F16 = 2 };
+#if defined(HWPLUG_SIMD)
+
+enum { KIND_F32 = SIMD_F32, KIND_BF16 = SIMD_BF16, KIND_F16 = SIMD_F16 };
 enum { MR = 4, NR = 3 };
-
-/* The vector width is the build's: the same tile code below runs on 16 lanes of k in
- * 512-bit registers where the compiler targets AVX-512F (which has the 16-bit
- * widenings), on 8 lanes in 256-bit registers otherwise. Each width names its float
- * vector, its vector of 16-bit weights (half as wide) and the few operations used. */
-#if defined(__AVX512F__)
-enum { LANES = 16 };
-typedef __m512 vec;
-typedef __m256i vec16;
-#define VZERO() _mm512_setzero_ps()
-#define VLOAD(p) _mm512_loadu_ps(p)
-#define VFMA(a, b, c) _mm512_fmadd_ps(a, b, c)
-#define VLOAD16(p) _mm256_loadu_si256((const __m256i *)(p))
-#define VWIDEN_BF16(h) _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16))
-#define VWIDEN_F16(h) _mm512_cvtph_ps(h)
-static inline float lane_sum(__m512 v) { return _mm512_reduce_add_ps(v); }
-#else
-enum { LANES = 8 };
-typedef __m256 vec;
-typedef __m128i vec16;
-#define VZERO() _mm256_setzero_ps()
-#define VLOAD(p) _mm256_loadu_ps(p)
-#define VFMA(a, b, c) _mm256_fmadd_ps(a, b, c)
-#define VLOAD16(p) _mm_loadu_si128((const __m128i *)(p))
-#define VWIDEN_BF16(h) _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16))
-#define VWIDEN_F16(h) _mm256_cvtph_ps(h)
-static inline float lane_sum(__m256 v) {
-    __m128 a = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    a = _mm_add_ps(a, _mm_movehl_ps(a, a));
-    a = _mm_add_ss(a, _mm_shuffle_ps(a, a, 1));
-    return _mm_cvtss_f32(a);
-}
-#endif
-
-/* LANES weights from element i, widened to float32 */
-static inline __attribute__((always_inline)) vec loadw(const void *w, int64_t i, int kind) {
-    if (kind == KIND_F32) {
-        return VLOAD((const float *)w + i);
-    }
-    vec16 h = VLOAD16((const uint16_t *)w + i);
-    return kind == KIND_BF16 ? VWIDEN_BF16(h) : VWIDEN_F16(h);
-}
 
 static inline __attribute__((always_inline)) float load1(const void *w, int64_t i, int kind) {
     if (kind == KIND_F32) {
@@ -107,7 +66,7 @@ static inline __attribute__((always_inline)) void tile(
             if (prefetch) { /* the weight comes from memory once: ask for it ahead */
                 _mm_prefetch((const char *)w + (j * ldw + k) * item + 512, _MM_HINT_T0);
             }
-            b[j] = loadw(w, j * ldw + k, kind);
+            b[j] = load_widened(w, j * ldw + k, kind);
         }
         for (int i = 0; i < rows; i++) {
             vec a = VLOAD(x + i * ldx + k);

@@ -17,6 +17,13 @@
  * Each (sequence, key/value head) pair is one work item: its `group` query
  * rows attend to positions [max(0, len - window), len) with an online
  * softmax taken a page at a time.
+ *
+ * Where the build has AVX2/FMA/F16C (simd.h), 32- and 16-bit caches with a
+ * head size that is a multiple of the vector width (up to 16 vectors) and
+ * groups of up to 8 query rows take a vector path: each key row is read
+ * once for the group's dot products, the page's scores are exponentiated a
+ * vector at a time, and each value row is read once for the group's sums.
+ * Other caches (fp8 codes) and shapes take the scalar path.
  */
 #include <math.h>
 #include <stdint.h>
@@ -26,6 +33,8 @@
 enum { KIND_F32 = 0, KIND_BF16 = 1, KIND_F16 = 2, KIND_CODES = 3 };
 
 #define MAX_BLOCK 256
+
+#include "simd.h"
 
 static inline float bf16_to_f32(uint16_t h) {
     uint32_t bits = (uint32_t)h << 16;
@@ -169,6 +178,118 @@ static void attend_one(const float *q, const void *key_cache, const void *value_
     }
 }
 
+#if defined(HWPLUG_SIMD)
+enum { MAX_VECTORS = 16, MAX_GROUP = 8 };
+
+static int vector_path(int kind, int group, int head_size) {
+    return kind != KIND_CODES && group <= MAX_GROUP && head_size % LANES == 0 &&
+           head_size / LANES <= MAX_VECTORS;
+}
+
+/* Key/value heads [head, head + heads) of one sequence: their rows = heads * group query
+ * rows q [rows, head_size] attend as in attend_one; out as q. A page's positions are
+ * read in memory order, every head of a position in turn.
+ * work: acc [rows * head_size], max [rows], sum [rows], scores [rows * MAX_BLOCK]. */
+static void attend_vec(const float *q, const void *key_cache, const void *value_cache, int kind,
+                       int64_t block_stride, int64_t pos_stride, int64_t head_stride,
+                       const int64_t *table, int64_t len, int head, int heads, int group,
+                       int head_size, int block_size, int64_t window, float scale, float *out,
+                       float *work) {
+    const int nv = head_size / LANES;
+    const int rows = heads * group;
+    float *acc = work;
+    float *row_max = acc + (int64_t)rows * head_size;
+    float *row_sum = row_max + rows;
+    float *scores = row_sum + rows;
+    for (int64_t i = 0; i < (int64_t)rows * head_size; i++) acc[i] = 0.0f;
+    for (int r = 0; r < rows; r++) {
+        row_max[r] = -INFINITY;
+        row_sum[r] = 0.0f;
+    }
+    const vec vscale = VSET1(scale);
+    const int64_t first = (window > 0 && len > window) ? len - window : 0;
+    for (int64_t start = first - first % block_size; start < len; start += block_size) {
+        const int64_t block = table[start / block_size];
+        const int64_t lo = start < first ? first : start;
+        const int64_t hi = start + block_size < len ? start + block_size : len;
+        const int count = (int)(hi - lo);
+        const int64_t page = block * block_stride + (lo - start) * pos_stride;
+        /* scores: each key row is read once for its group's dot products */
+        for (int p = 0; p < count; p++) {
+            for (int h = 0; h < heads; h++) {
+                const int64_t at = page + p * pos_stride + (int64_t)(head + h) * head_stride;
+                const float *qh = q + (int64_t)h * group * head_size;
+                vec dots[MAX_GROUP];
+                for (int g = 0; g < group; g++) dots[g] = VZERO();
+                for (int v = 0; v < nv; v++) {
+                    const vec k = load_widened(key_cache, at + v * LANES, kind);
+                    for (int g = 0; g < group; g++) {
+                        dots[g] = VFMA(VLOAD(qh + (int64_t)g * head_size + v * LANES), k, dots[g]);
+                    }
+                }
+                for (int g = 0; g < group; g++) {
+                    scores[(h * group + g) * MAX_BLOCK + p] = lane_sum(dots[g]);
+                }
+            }
+        }
+        /* the online softmax: each row's new maximum rescales what it has summed */
+        const int padded = (count + LANES - 1) / LANES * LANES;
+        for (int r = 0; r < rows; r++) {
+            float *sr = scores + r * MAX_BLOCK;
+            for (int p = count; p < padded; p++) sr[p] = -INFINITY;
+            float m = row_max[r];
+            /* a NaN score (a NaN query or key) is skipped here and makes the sums NaN below */
+            for (int p = 0; p < count; p++) {
+                const float x = sr[p] * scale;
+                m = x > m ? x : m;
+            }
+            const float correction =
+                row_max[r] == m ? 1.0f : (row_max[r] == -INFINITY ? 0.0f : expf(row_max[r] - m));
+            if (correction != 1.0f) {
+                row_sum[r] *= correction;
+                float *ar = acc + (int64_t)r * head_size;
+                for (int d = 0; d < head_size; d++) ar[d] *= correction;
+            }
+            row_max[r] = m;
+            const vec vm = VSET1(m);
+            for (int p = 0; p < padded; p += LANES) {
+                VSTORE(sr + p, vexp(VFNMA(VSET1(1.0f), vm, VMUL(VLOAD(sr + p), vscale))));
+            }
+            float total = 0.0f;
+            for (int p = 0; p < count; p++) total += sr[p];
+            row_sum[r] += total;
+        }
+        /* the page's values: each value row is read once for its group's sums */
+        for (int p = 0; p < count; p++) {
+            for (int h = 0; h < heads; h++) {
+                const int64_t at = page + p * pos_stride + (int64_t)(head + h) * head_stride;
+                float *ah = acc + (int64_t)h * group * head_size;
+                vec w[MAX_GROUP];
+                for (int g = 0; g < group; g++) w[g] = VSET1(scores[(h * group + g) * MAX_BLOCK + p]);
+                for (int v = 0; v < nv; v++) {
+                    const vec x = load_widened(value_cache, at + v * LANES, kind);
+                    for (int g = 0; g < group; g++) {
+                        float *a = ah + (int64_t)g * head_size + v * LANES;
+                        VSTORE(a, VFMA(w[g], x, VLOAD(a)));
+                    }
+                }
+            }
+        }
+    }
+    for (int r = 0; r < rows; r++) {
+        const float inv = 1.0f / row_sum[r];
+        const float *ar = acc + (int64_t)r * head_size;
+        float *o = out + (int64_t)r * head_size;
+        for (int d = 0; d < head_size; d++) o[d] = ar[d] * inv;
+    }
+}
+#else
+static int vector_path(int kind, int group, int head_size) {
+    (void)kind, (void)group, (void)head_size;
+    return 0;
+}
+#endif
+
 /* The version of this file's interface: the loader checks it. */
 int hwplug_paged_decode_version(void) { return 1; }
 
@@ -185,6 +306,8 @@ int hwplug_paged_decode(const float *query, const void *key_cache, const void *v
     while (kv_heads % split != 0) split--;
     const int heads = kv_heads / split;
     const int64_t items = n * split;
+    const int vector = vector_path(kind, group, head_size);
+    (void)vector;
     const int rows = heads * group;
     const int64_t work_floats =
         (int64_t)rows * head_size + 2 * rows + (int64_t)rows * MAX_BLOCK + head_size;
@@ -201,6 +324,15 @@ int hwplug_paged_decode(const float *query, const void *key_cache, const void *v
             const int64_t b = item / split;
             const int head = (int)(item % split) * heads;
             const int64_t offset = (b * kv_heads + head) * (int64_t)group * head_size;
+#if defined(HWPLUG_SIMD)
+            if (vector) {
+                attend_vec(query + offset, key_cache, value_cache, kind, block_stride,
+                           pos_stride, head_stride, table + b * table_stride, lens[b], head,
+                           heads, group, head_size, block_size, window, scale, out + offset,
+                           work);
+                continue;
+            }
+#endif
             attend_one(query + offset, key_cache, value_cache, kind, lut, block_stride,
                        pos_stride, head_stride, table + b * table_stride, lens[b], head, heads,
                        group, head_size, block_size, window, scale, out + offset, work);
