@@ -93,32 +93,86 @@ static inline const float *load_row(const void *base, int64_t offset, int kind, 
     }
 }
 
+/* What the online softmax keeps for `rows` query rows across pages, laid out in a work
+ * buffer: acc [rows * head_size], max [rows], sum [rows], then the page's scores
+ * [rows * MAX_BLOCK] (row r's at scores + r * MAX_BLOCK). */
+typedef struct {
+    float *acc, *row_max, *row_sum, *scores;
+} rows_state;
+
+static rows_state rows_begin(float *work, int rows, int head_size) {
+    rows_state s;
+    s.acc = work;
+    s.row_max = s.acc + (int64_t)rows * head_size;
+    s.row_sum = s.row_max + rows;
+    s.scores = s.row_sum + rows;
+    for (int64_t i = 0; i < (int64_t)rows * head_size; i++) s.acc[i] = 0.0f;
+    for (int r = 0; r < rows; r++) {
+        s.row_max[r] = -INFINITY;
+        s.row_sum[r] = 0.0f;
+    }
+    return s;
+}
+
+/* Row r's maximum over what it has seen and the page's `count` (scaled) scores; what the
+ * row has summed so far is rescaled to it. */
+static float rows_rescale(rows_state *s, int r, int count, int head_size) {
+    const float *sr = s->scores + r * MAX_BLOCK;
+    const float before = s->row_max[r];
+    float m = before;
+    /* a NaN score (a NaN query or key) is skipped here and makes the sums NaN later */
+    for (int p = 0; p < count; p++) m = sr[p] > m ? sr[p] : m;
+    const float correction = before == m ? 1.0f : (before == -INFINITY ? 0.0f : expf(before - m));
+    if (correction != 1.0f) {
+        s->row_sum[r] *= correction;
+        float *ar = s->acc + (int64_t)r * head_size;
+        for (int d = 0; d < head_size; d++) ar[d] *= correction;
+    }
+    s->row_max[r] = m;
+    return m;
+}
+
+/* Each row's sums divided by its softmax denominator, into out [rows, head_size]. */
+static void rows_finish(const rows_state *s, int rows, int head_size, float *out) {
+    for (int r = 0; r < rows; r++) {
+        const float inv = 1.0f / s->row_sum[r];
+        const float *ar = s->acc + (int64_t)r * head_size;
+        float *o = out + (int64_t)r * head_size;
+        for (int d = 0; d < head_size; d++) o[d] = ar[d] * inv;
+    }
+}
+
+/* The first position a query at `len - 1` sees. */
+static int64_t first_seen(int64_t len, int64_t window) {
+    return (window > 0 && len > window) ? len - window : 0;
+}
+
+/* The page starting at position `start`: the offset of its first seen position (from
+ * `first` on) and, in *count, how many of its positions are seen (up to len). */
+static int64_t page_span(int64_t start, int64_t first, int64_t len, const int64_t *table,
+                         int block_size, int64_t block_stride, int64_t pos_stride, int *count) {
+    const int64_t lo = start < first ? first : start;
+    const int64_t hi = start + block_size < len ? start + block_size : len;
+    *count = (int)(hi - lo);
+    return table[start / block_size] * block_stride + (lo - start) * pos_stride;
+}
+
 /* Heads [head, head + heads) of one sequence: rows = heads * group query rows. */
 static void attend_one(const float *q, const void *key_cache, const void *value_cache, int kind,
                        const float *lut, int64_t block_stride, int64_t pos_stride,
                        int64_t head_stride, const int64_t *table, int64_t len, int head,
                        int heads, int group, int head_size, int block_size, int64_t window,
                        float scale, float *out, float *work) {
-    /* work: acc [rows * head_size], max [rows], sum [rows], scores [rows * MAX_BLOCK],
-       row [head_size] */
+    /* work: the rows' state (rows_begin), then row [head_size] */
     const int rows = heads * group;
-    float *acc = work;
-    float *row_max = acc + (int64_t)rows * head_size;
-    float *row_sum = row_max + rows;
-    float *scores = row_sum + rows;
+    rows_state state = rows_begin(work, rows, head_size);
+    float *acc = state.acc, *scores = state.scores;
     float *row = scores + (int64_t)rows * MAX_BLOCK;
-    for (int64_t i = 0; i < (int64_t)rows * head_size; i++) acc[i] = 0.0f;
-    for (int r = 0; r < rows; r++) {
-        row_max[r] = -INFINITY;
-        row_sum[r] = 0.0f;
-    }
-    const int64_t first = (window > 0 && len > window) ? len - window : 0;
+    const int64_t first = first_seen(len, window);
     for (int64_t start = first - first % block_size; start < len; start += block_size) {
-        const int64_t block = table[start / block_size];
-        const int64_t lo = start < first ? first : start;
-        const int64_t hi = start + block_size < len ? start + block_size : len;
-        const int count = (int)(hi - lo);
-        const int64_t page = block * block_stride + (lo - start) * pos_stride;
+        int count;
+        const int64_t page =
+            page_span(start, first, len, table, block_size, block_stride, pos_stride, &count);
         /* the scores of this page's positions */
         for (int p = 0; p < count; p++) {
             for (int h = 0; h < heads; h++) {
@@ -137,23 +191,13 @@ static void attend_one(const float *q, const void *key_cache, const void *value_
         /* the online softmax: each row's new maximum rescales what it has summed */
         for (int r = 0; r < rows; r++) {
             float *sr = scores + r * MAX_BLOCK;
-            float m = row_max[r];
-            /* a NaN score (a NaN query or key) is skipped here and makes the sums NaN below */
-            for (int p = 0; p < count; p++) m = sr[p] > m ? sr[p] : m;
-            const float correction =
-                row_max[r] == m ? 1.0f : (row_max[r] == -INFINITY ? 0.0f : expf(row_max[r] - m));
-            float *ar = acc + (int64_t)r * head_size;
-            if (correction != 1.0f) {
-                row_sum[r] *= correction;
-                for (int d = 0; d < head_size; d++) ar[d] *= correction;
-            }
-            row_max[r] = m;
+            const float m = rows_rescale(&state, r, count, head_size);
             float total = 0.0f;
             for (int p = 0; p < count; p++) {
                 sr[p] = expf(sr[p] - m);
                 total += sr[p];
             }
-            row_sum[r] += total;
+            state.row_sum[r] += total;
         }
         /* the page's values, weighted */
         for (int p = 0; p < count; p++) {
@@ -170,12 +214,7 @@ static void attend_one(const float *q, const void *key_cache, const void *value_
             }
         }
     }
-    for (int r = 0; r < rows; r++) {
-        const float inv = 1.0f / row_sum[r];
-        const float *ar = acc + (int64_t)r * head_size;
-        float *o = out + (int64_t)r * head_size;
-        for (int d = 0; d < head_size; d++) o[d] = ar[d] * inv;
-    }
+    rows_finish(&state, rows, head_size, out);
 }
 
 #if defined(HWPLUG_SIMD)
@@ -188,8 +227,7 @@ static int vector_path(int kind, int group, int head_size) {
 
 /* Key/value heads [head, head + heads) of one sequence: their rows = heads * group query
  * rows q [rows, head_size] attend as in attend_one; out as q. A page's positions are
- * read in memory order, every head of a position in turn.
- * work: acc [rows * head_size], max [rows], sum [rows], scores [rows * MAX_BLOCK]. */
+ * read in memory order, every head of a position in turn. work: the rows' state. */
 static void attend_vec(const float *q, const void *key_cache, const void *value_cache, int kind,
                        int64_t block_stride, int64_t pos_stride, int64_t head_stride,
                        const int64_t *table, int64_t len, int head, int heads, int group,
@@ -197,23 +235,13 @@ static void attend_vec(const float *q, const void *key_cache, const void *value_
                        float *work) {
     const int nv = head_size / LANES;
     const int rows = heads * group;
-    float *acc = work;
-    float *row_max = acc + (int64_t)rows * head_size;
-    float *row_sum = row_max + rows;
-    float *scores = row_sum + rows;
-    for (int64_t i = 0; i < (int64_t)rows * head_size; i++) acc[i] = 0.0f;
-    for (int r = 0; r < rows; r++) {
-        row_max[r] = -INFINITY;
-        row_sum[r] = 0.0f;
-    }
-    const vec vscale = VSET1(scale);
-    const int64_t first = (window > 0 && len > window) ? len - window : 0;
+    rows_state state = rows_begin(work, rows, head_size);
+    float *acc = state.acc, *scores = state.scores;
+    const int64_t first = first_seen(len, window);
     for (int64_t start = first - first % block_size; start < len; start += block_size) {
-        const int64_t block = table[start / block_size];
-        const int64_t lo = start < first ? first : start;
-        const int64_t hi = start + block_size < len ? start + block_size : len;
-        const int count = (int)(hi - lo);
-        const int64_t page = block * block_stride + (lo - start) * pos_stride;
+        int count;
+        const int64_t page =
+            page_span(start, first, len, table, block_size, block_stride, pos_stride, &count);
         /* scores: each key row is read once for its group's dot products */
         for (int p = 0; p < count; p++) {
             for (int h = 0; h < heads; h++) {
@@ -228,7 +256,7 @@ static void attend_vec(const float *q, const void *key_cache, const void *value_
                     }
                 }
                 for (int g = 0; g < group; g++) {
-                    scores[(h * group + g) * MAX_BLOCK + p] = lane_sum(dots[g]);
+                    scores[(h * group + g) * MAX_BLOCK + p] = lane_sum(dots[g]) * scale;
                 }
             }
         }
@@ -237,27 +265,13 @@ static void attend_vec(const float *q, const void *key_cache, const void *value_
         for (int r = 0; r < rows; r++) {
             float *sr = scores + r * MAX_BLOCK;
             for (int p = count; p < padded; p++) sr[p] = -INFINITY;
-            float m = row_max[r];
-            /* a NaN score (a NaN query or key) is skipped here and makes the sums NaN below */
-            for (int p = 0; p < count; p++) {
-                const float x = sr[p] * scale;
-                m = x > m ? x : m;
-            }
-            const float correction =
-                row_max[r] == m ? 1.0f : (row_max[r] == -INFINITY ? 0.0f : expf(row_max[r] - m));
-            if (correction != 1.0f) {
-                row_sum[r] *= correction;
-                float *ar = acc + (int64_t)r * head_size;
-                for (int d = 0; d < head_size; d++) ar[d] *= correction;
-            }
-            row_max[r] = m;
-            const vec vm = VSET1(m);
+            const vec m = VSET1(rows_rescale(&state, r, count, head_size));
             for (int p = 0; p < padded; p += LANES) {
-                VSTORE(sr + p, vexp(VFNMA(VSET1(1.0f), vm, VMUL(VLOAD(sr + p), vscale))));
+                VSTORE(sr + p, vexp(VFNMA(VSET1(1.0f), m, VLOAD(sr + p))));
             }
             float total = 0.0f;
             for (int p = 0; p < count; p++) total += sr[p];
-            row_sum[r] += total;
+            state.row_sum[r] += total;
         }
         /* the page's values: each value row is read once for its group's sums */
         for (int p = 0; p < count; p++) {
@@ -276,12 +290,7 @@ static void attend_vec(const float *q, const void *key_cache, const void *value_
             }
         }
     }
-    for (int r = 0; r < rows; r++) {
-        const float inv = 1.0f / row_sum[r];
-        const float *ar = acc + (int64_t)r * head_size;
-        float *o = out + (int64_t)r * head_size;
-        for (int d = 0; d < head_size; d++) o[d] = ar[d] * inv;
-    }
+    rows_finish(&state, rows, head_size, out);
 }
 #else
 static int vector_path(int kind, int group, int head_size) {
