@@ -100,8 +100,9 @@ def _oracle(
 @given(
     lens=st.lists(st.integers(1, 90), min_size=1, max_size=6),
     kv_heads=st.sampled_from([1, 2, 3]),
-    group=st.sampled_from([1, 2, 4, 7, 9]),  # 9: past the vector path's 8 rows
-    head_size=st.sampled_from([1, 8, 17, 64, 80, 128]),
+    group=st.sampled_from([1, 2, 3, 4, 7, 8, 9]),  # 9: past the vector path's 8 rows
+    # 64 and 128 take the vector path's specialised shapes, 32, 80 and 256 its general one
+    head_size=st.sampled_from([1, 8, 17, 32, 64, 80, 128, 256]),
     block_size=st.sampled_from([1, 3, 16, 32, 48]),
     window=st.one_of(st.none(), st.integers(1, 100)),
     spare=st.integers(0, 2),
@@ -155,6 +156,33 @@ def test_every_cache_dtype_is_decoded_exactly(dtype: torch.dtype) -> None:
     out = paged_decode_attention(query, key_cache, value_cache, table, lens, scale=0.125)
     expected = _oracle(query, key_cache, value_cache, table, lens, scale=0.125)
     torch.testing.assert_close(out.double(), expected, atol=2e-5, rtol=2e-5)
+
+
+@pytest.mark.parametrize("group", range(1, 10))
+@pytest.mark.parametrize("head_size", [64, 128])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
+def test_every_group_at_the_common_head_sizes(
+    group: int, head_size: int, dtype: torch.dtype
+) -> None:
+    """Groups 1..8 at head sizes 64 and 128 run shapes the kernel specialises (9 runs the
+    scalar path): each against float64, over full and partial pages and a window, with
+    lengths that leave a page's last positions fewer than a vector's lanes."""
+    query, key_cache, value_cache, table, lens = _pages(
+        [1, 15, 17, 33, 100],
+        heads=2 * group,
+        kv_heads=2,
+        head_size=head_size,
+        block_size=32,
+        dtype=dtype,
+        seed=group,
+    )
+    scale = head_size**-0.5
+    for window in (None, 21):
+        out = paged_decode_attention(
+            query, key_cache, value_cache, table, lens, scale=scale, sliding_window=window
+        )
+        expected = _oracle(query, key_cache, value_cache, table, lens, scale=scale, window=window)
+        torch.testing.assert_close(out.double(), expected, atol=2e-5, rtol=2e-5)
 
 
 def test_special_codes_of_half_precision_pages() -> None:

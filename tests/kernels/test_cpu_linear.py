@@ -259,7 +259,8 @@ print("WORST", worst)
 from hwplug.kernels import paged_decode_attention
 worst = 0.0
 for heads, kv_heads, size, lens, block in [(4, 2, 8, [5, 33], 4), (8, 1, 24, [17, 40], 16),
-                                          (16, 4, 64, [70, 3], 16), (6, 2, 16, [9], 32)]:
+                                          (16, 4, 64, [70, 3], 16), (6, 2, 16, [9], 32),
+                                          (12, 2, 64, [30, 47], 16), (8, 2, 128, [40, 21], 16)]:
     for dtype in (torch.float32, torch.bfloat16):
         pages = -(-max(lens) // block)
         k = torch.randn(len(lens) * pages + 2, block, kv_heads, size, generator=gen).to(dtype)
@@ -291,7 +292,8 @@ def test_built_for_avx2_only_it_multiplies_8_lanes_at_a_time(tmp_path: Path) -> 
     assert f"LANES 8 ROWS {NATIVE_LINEAR_MAX_ROWS}" in done.stdout, done.stdout
     worst = float(done.stdout.split("WORST")[1].split()[0])
     assert worst < 1e-4, done.stdout
-    # the decode kernel's vector path on 8 lanes (head sizes 8, 16, 24, 64)
+    # the decode kernel's vector path on 8 lanes (head sizes 8, 16, 24; 64 and 128 with the
+    # shapes specialised for them, groups 2, 4, 6)
     assert float(done.stdout.split("DECODE_WORST")[1]) < 1e-5, done.stdout
 
 

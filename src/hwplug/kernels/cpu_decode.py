@@ -52,7 +52,7 @@ def native_decode_unavailable_reason(device: torch.device | str = "cpu") -> str 
 
     It runs on CPU tensors when the kernel has been, or can be, built here and
     ``HWPLUG_NATIVE_KERNELS`` is not ``0`` (read at each call). The first call
-    that can run builds the library (about a second, once per machine).
+    that can run builds the library (a few seconds, once per machine).
     """
     return native.unavailable_reason(device, "decode", loaded)
 

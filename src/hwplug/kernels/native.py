@@ -132,7 +132,7 @@ def unavailable_reason(
     loaded: Callable[[], object] | None = None,
 ) -> str | None:
     """Why a native kernel cannot run on ``device``'s tensors, or None when it can
-    (building the library at the first call that can: about two seconds, once per
+    (building the library at the first call that can: three to five seconds, once per
     machine). ``loaded`` gives the kernel's library, or a string saying why it has none
     (default: :func:`library`)."""
     import torch  # (lazy: the build machinery itself needs no torch)

@@ -21,8 +21,11 @@
  * Where the build has AVX2/FMA/F16C (simd.h), 32- and 16-bit caches with a
  * head size that is a multiple of the vector width (up to 16 vectors) and
  * groups of up to 8 query rows take a vector path: each key row is read
- * once for the group's dot products, the page's scores are exponentiated a
- * vector at a time, and each value row is read once for the group's sums.
+ * once for the group's dot products, whose lane sums are taken a vector of
+ * positions at a time; the page's softmax runs a vector at a time; each
+ * value row is read once for the group's sums, which stay in registers over
+ * the page. It is compiled for each group at head sizes 64 and 128 (the
+ * query and sum vectors then live in registers) and once for any shape.
  * Other caches (fp8 codes) and shapes take the scalar path.
  */
 #include <math.h>
@@ -114,14 +117,19 @@ static rows_state rows_begin(float *work, int rows, int head_size) {
     return s;
 }
 
-/* Row r's maximum over what it has seen and the page's `count` (scaled) scores; what the
- * row has summed so far is rescaled to it. */
-static float rows_rescale(rows_state *s, int r, int count, int head_size) {
-    const float *sr = s->scores + r * MAX_BLOCK;
-    const float before = s->row_max[r];
-    float m = before;
-    /* a NaN score (a NaN query or key) is skipped here and makes the sums NaN later */
+/* The largest of a page's `count` scores (-INFINITY when none); a NaN score (a NaN query
+ * or key) is skipped here and makes the sums NaN later. */
+static float page_max(const float *sr, int count) {
+    float m = -INFINITY;
     for (int p = 0; p < count; p++) m = sr[p] > m ? sr[p] : m;
+    return m;
+}
+
+/* Row r's maximum over what it has seen and a page whose largest score is `seen`; what
+ * the row has summed so far is rescaled to it. */
+static float rows_rescale(rows_state *s, int r, float seen, int head_size) {
+    const float before = s->row_max[r];
+    const float m = seen > before ? seen : before;
     const float correction = before == m ? 1.0f : (before == -INFINITY ? 0.0f : expf(before - m));
     if (correction != 1.0f) {
         s->row_sum[r] *= correction;
@@ -191,7 +199,7 @@ static void attend_one(const float *q, const void *key_cache, const void *value_
         /* the online softmax: each row's new maximum rescales what it has summed */
         for (int r = 0; r < rows; r++) {
             float *sr = scores + r * MAX_BLOCK;
-            const float m = rows_rescale(&state, r, count, head_size);
+            const float m = rows_rescale(&state, r, page_max(sr, count), head_size);
             float total = 0.0f;
             for (int p = 0; p < count; p++) {
                 sr[p] = expf(sr[p] - m);
@@ -225,72 +233,131 @@ static int vector_path(int kind, int group, int head_size) {
            head_size / LANES <= MAX_VECTORS;
 }
 
+/* The online softmax of a page's `count` scores of each of `rows` rows: each row's new
+ * maximum rescales what it has summed, and its scores become their exponentials. */
+static void page_softmax(rows_state *state, int rows, int count, int head_size) {
+    const int padded = (count + LANES - 1) / LANES * LANES;
+    for (int r = 0; r < rows; r++) {
+        float *sr = state->scores + r * MAX_BLOCK;
+        for (int p = count; p < padded; p++) sr[p] = -INFINITY;
+        /* VMAX keeps its second operand where the first is NaN: NaN scores are skipped */
+        vec top = VSET1(-INFINITY);
+        for (int p = 0; p < padded; p += LANES) top = VMAX(VLOAD(sr + p), top);
+        const vec m = VSET1(rows_rescale(state, r, lane_max(top), head_size));
+        for (int p = 0; p < padded; p += LANES) {
+            VSTORE(sr + p, vexp(VFNMA(VSET1(1.0f), m, VLOAD(sr + p))));
+        }
+        for (int p = count; p < padded; p++) sr[p] = 0.0f; /* vexp gives ~1e-38, not 0 */
+        vec total = VZERO();
+        for (int p = 0; p < padded; p += LANES) total = VADD(total, VLOAD(sr + p));
+        state->row_sum[r] += lane_sum(total);
+    }
+}
+
 /* Key/value heads [head, head + heads) of one sequence: their rows = heads * group query
- * rows q [rows, head_size] attend as in attend_one; out as q. A page's positions are
- * read in memory order, every head of a position in turn. work: the rows' state. */
+ * rows q [rows, head_size] attend as in attend_one; out as q. work: the rows' state.
+ * `nv` (vectors a head) and `group` are constants where this is inlined for a common
+ * shape, so that the group's query and sum vectors live in registers: each key row is
+ * read once for its group's dot products, whose lane sums are taken LANES positions at
+ * a time; each value row is read once for its group's sums. */
+static inline __attribute__((always_inline)) void
+attend_vec_shape(const float *q, const void *key_cache, const void *value_cache, int kind,
+                 int64_t block_stride, int64_t pos_stride, int64_t head_stride,
+                 const int64_t *table, int64_t len, int head, int heads, const int group,
+                 const int nv, int block_size, int64_t window, float scale, float *out,
+                 float *work) {
+    const int head_size = nv * LANES;
+    const int rows = heads * group;
+    rows_state state = rows_begin(work, rows, head_size);
+    float *acc = state.acc, *scores = state.scores;
+    const int64_t first = first_seen(len, window);
+    const vec scaled = VSET1(scale);
+    for (int64_t start = first - first % block_size; start < len; start += block_size) {
+        int count;
+        const int64_t page =
+            page_span(start, first, len, table, block_size, block_stride, pos_stride, &count);
+        /* scores: LANES positions at a time, their dot vectors summed lane-wise at once */
+        for (int h = 0; h < heads; h++) {
+            const float *qh = q + (int64_t)h * group * head_size;
+            const int64_t at_head = page + (int64_t)(head + h) * head_stride;
+            vec qv[MAX_GROUP * MAX_VECTORS];
+            for (int i = 0; i < group * nv; i++) qv[i] = VLOAD(qh + (int64_t)i * LANES);
+            for (int p0 = 0; p0 < count; p0 += LANES) {
+                const int n = count - p0 < LANES ? count - p0 : LANES;
+                vec dots[MAX_GROUP][LANES];
+                for (int p = 0; p < n; p++) {
+                    const int64_t at = at_head + (int64_t)(p0 + p) * pos_stride;
+                    vec k[MAX_VECTORS];
+                    for (int v = 0; v < nv; v++) k[v] = load_widened(key_cache, at + v * LANES, kind);
+                    for (int g = 0; g < group; g++) {
+                        vec d = VMUL(qv[g * nv], k[0]);
+                        for (int v = 1; v < nv; v++) d = VFMA(qv[g * nv + v], k[v], d);
+                        dots[g][p] = d;
+                    }
+                }
+                for (int g = 0; g < group; g++) {
+                    for (int p = n; p < LANES; p++) dots[g][p] = VZERO();
+                    /* p0 + LANES <= MAX_BLOCK: a page has at most MAX_BLOCK positions */
+                    VSTORE(scores + (h * group + g) * MAX_BLOCK + p0,
+                           VMUL(lane_sums(dots[g]), scaled));
+                }
+            }
+        }
+        page_softmax(&state, rows, count, head_size);
+        /* the page's values: the group's sums stay in registers over the page */
+        for (int h = 0; h < heads; h++) {
+            float *ah = acc + (int64_t)h * group * head_size;
+            const float *wh = scores + h * group * MAX_BLOCK;
+            const int64_t at_head = page + (int64_t)(head + h) * head_stride;
+            vec sums[MAX_GROUP * MAX_VECTORS];
+            for (int i = 0; i < group * nv; i++) sums[i] = VLOAD(ah + (int64_t)i * LANES);
+            for (int p = 0; p < count; p++) {
+                const int64_t at = at_head + (int64_t)p * pos_stride;
+                vec x[MAX_VECTORS];
+                for (int v = 0; v < nv; v++) x[v] = load_widened(value_cache, at + v * LANES, kind);
+                for (int g = 0; g < group; g++) {
+                    const vec w = VSET1(wh[g * MAX_BLOCK + p]);
+                    for (int v = 0; v < nv; v++) sums[g * nv + v] = VFMA(w, x[v], sums[g * nv + v]);
+                }
+            }
+            for (int i = 0; i < group * nv; i++) VSTORE(ah + (int64_t)i * LANES, sums[i]);
+        }
+    }
+    rows_finish(&state, rows, head_size, out);
+}
+
+/* attend_vec_shape, specialised for every group it takes (1..MAX_GROUP) at the head sizes
+ * of most models (64 and 128); other head sizes run it as it is */
 static void attend_vec(const float *q, const void *key_cache, const void *value_cache, int kind,
                        int64_t block_stride, int64_t pos_stride, int64_t head_stride,
                        const int64_t *table, int64_t len, int head, int heads, int group,
                        int head_size, int block_size, int64_t window, float scale, float *out,
                        float *work) {
     const int nv = head_size / LANES;
-    const int rows = heads * group;
-    rows_state state = rows_begin(work, rows, head_size);
-    float *acc = state.acc, *scores = state.scores;
-    const int64_t first = first_seen(len, window);
-    for (int64_t start = first - first % block_size; start < len; start += block_size) {
-        int count;
-        const int64_t page =
-            page_span(start, first, len, table, block_size, block_stride, pos_stride, &count);
-        /* scores: each key row is read once for its group's dot products */
-        for (int p = 0; p < count; p++) {
-            for (int h = 0; h < heads; h++) {
-                const int64_t at = page + p * pos_stride + (int64_t)(head + h) * head_stride;
-                const float *qh = q + (int64_t)h * group * head_size;
-                vec dots[MAX_GROUP];
-                for (int g = 0; g < group; g++) dots[g] = VZERO();
-                for (int v = 0; v < nv; v++) {
-                    const vec k = load_widened(key_cache, at + v * LANES, kind);
-                    for (int g = 0; g < group; g++) {
-                        dots[g] = VFMA(VLOAD(qh + (int64_t)g * head_size + v * LANES), k, dots[g]);
-                    }
-                }
-                for (int g = 0; g < group; g++) {
-                    scores[(h * group + g) * MAX_BLOCK + p] = lane_sum(dots[g]) * scale;
-                }
-            }
-        }
-        /* the online softmax: each row's new maximum rescales what it has summed */
-        const int padded = (count + LANES - 1) / LANES * LANES;
-        for (int r = 0; r < rows; r++) {
-            float *sr = scores + r * MAX_BLOCK;
-            for (int p = count; p < padded; p++) sr[p] = -INFINITY;
-            const vec m = VSET1(rows_rescale(&state, r, count, head_size));
-            for (int p = 0; p < padded; p += LANES) {
-                VSTORE(sr + p, vexp(VFNMA(VSET1(1.0f), m, VLOAD(sr + p))));
-            }
-            float total = 0.0f;
-            for (int p = 0; p < count; p++) total += sr[p];
-            state.row_sum[r] += total;
-        }
-        /* the page's values: each value row is read once for its group's sums */
-        for (int p = 0; p < count; p++) {
-            for (int h = 0; h < heads; h++) {
-                const int64_t at = page + p * pos_stride + (int64_t)(head + h) * head_stride;
-                float *ah = acc + (int64_t)h * group * head_size;
-                vec w[MAX_GROUP];
-                for (int g = 0; g < group; g++) w[g] = VSET1(scores[(h * group + g) * MAX_BLOCK + p]);
-                for (int v = 0; v < nv; v++) {
-                    const vec x = load_widened(value_cache, at + v * LANES, kind);
-                    for (int g = 0; g < group; g++) {
-                        float *a = ah + (int64_t)g * head_size + v * LANES;
-                        VSTORE(a, VFMA(w[g], x, VLOAD(a)));
-                    }
-                }
-            }
-        }
+#define SHAPE(G, NV)                                                                          \
+    case (G) * 64 + (NV):                                                                     \
+        attend_vec_shape(q, key_cache, value_cache, kind, block_stride, pos_stride,           \
+                         head_stride, table, len, head, heads, G, NV, block_size, window,     \
+                         scale, out, work);                                                   \
+        return;
+/* head sizes 64 and 128 */
+#define SHAPES(G) SHAPE(G, 64 / LANES) SHAPE(G, 128 / LANES)
+    switch (group * 64 + nv) {
+        SHAPES(1)
+        SHAPES(2)
+        SHAPES(3)
+        SHAPES(4)
+        SHAPES(5)
+        SHAPES(6)
+        SHAPES(7)
+        SHAPES(8)
+    default:
+        attend_vec_shape(q, key_cache, value_cache, kind, block_stride, pos_stride, head_stride,
+                         table, len, head, heads, group, nv, block_size, window, scale, out,
+                         work);
     }
-    rows_finish(&state, rows, head_size, out);
+#undef SHAPES
+#undef SHAPE
 }
 #else
 static int vector_path(int kind, int group, int head_size) {

@@ -37,6 +37,28 @@ typedef __m256i vec16;
 #define VWIDEN_BF16(h) _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16))
 #define VWIDEN_F16(h) _mm512_cvtph_ps(h)
 static inline float lane_sum(__m512 v) { return _mm512_reduce_add_ps(v); }
+static inline float lane_max(__m512 v) { return _mm512_reduce_max_ps(v); }
+/* The lane sums of LANES vectors at once: element i of the result is the sum of v[i]'s
+ * lanes (a transposing tree of adds, a few instructions a vector instead of a reduction
+ * each) */
+static inline __attribute__((always_inline)) __m512 lane_sums(const __m512 *v) {
+    __m512 t[8], u[4];
+    for (int i = 0; i < 8; i++) { /* each 128-bit lane: a, b, a, b partial sums */
+        t[i] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]),
+                             _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]));
+    }
+    for (int j = 0; j < 4; j++) { /* each 128-bit lane: v[4j], ..., v[4j + 3] */
+        const __m512d c = _mm512_castps_pd(t[2 * j]), d = _mm512_castps_pd(t[2 * j + 1]);
+        u[j] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(c, d)),
+                             _mm512_castpd_ps(_mm512_unpackhi_pd(c, d)));
+    }
+    /* 128-bit lanes 0+1 and 2+3 of u[0], u[1] (then u[2], u[3]); then the halves */
+    const __m512 w0 = _mm512_add_ps(_mm512_shuffle_f32x4(u[0], u[1], 0x88),
+                                    _mm512_shuffle_f32x4(u[0], u[1], 0xDD));
+    const __m512 w1 = _mm512_add_ps(_mm512_shuffle_f32x4(u[2], u[3], 0x88),
+                                    _mm512_shuffle_f32x4(u[2], u[3], 0xDD));
+    return _mm512_add_ps(_mm512_shuffle_f32x4(w0, w1, 0x88), _mm512_shuffle_f32x4(w0, w1, 0xDD));
+}
 #else
 enum { LANES = 8 };
 typedef __m256 vec;
@@ -64,6 +86,18 @@ static inline float lane_sum(__m256 v) {
     a = _mm_add_ps(a, _mm_movehl_ps(a, a));
     a = _mm_add_ss(a, _mm_shuffle_ps(a, a, 1));
     return _mm_cvtss_f32(a);
+}
+static inline float lane_max(__m256 v) {
+    __m128 a = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    a = _mm_max_ps(a, _mm_movehl_ps(a, a));
+    a = _mm_max_ss(a, _mm_shuffle_ps(a, a, 1));
+    return _mm_cvtss_f32(a);
+}
+/* The lane sums of LANES vectors at once: element i of the result is the sum of v[i]'s lanes */
+static inline __attribute__((always_inline)) __m256 lane_sums(const __m256 *v) {
+    const __m256 a = _mm256_hadd_ps(_mm256_hadd_ps(v[0], v[1]), _mm256_hadd_ps(v[2], v[3]));
+    const __m256 b = _mm256_hadd_ps(_mm256_hadd_ps(v[4], v[5]), _mm256_hadd_ps(v[6], v[7]));
+    return _mm256_add_ps(_mm256_permute2f128_ps(a, b, 0x20), _mm256_permute2f128_ps(a, b, 0x31));
 }
 #endif
 
