@@ -30,6 +30,7 @@ from hwplug.kernels.cpu_linear import (
     NATIVE_LINEAR_DTYPES,
     NATIVE_LINEAR_MAX_ROWS,
     native_linear,
+    native_linear_amx,
     native_linear_lanes,
     native_linear_unavailable_reason,
 )
@@ -71,6 +72,7 @@ __all__ = [
     "linear",
     "native_decode_unavailable_reason",
     "native_linear",
+    "native_linear_amx",
     "native_linear_lanes",
     "native_linear_unavailable_reason",
     "native_linear_rows",

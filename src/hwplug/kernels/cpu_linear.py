@@ -17,6 +17,14 @@ says why. :func:`hwplug.kernels.linear` with ``backend="native"`` (the CPU
 platform's ``linear_backend``) takes it for up to
 :func:`hwplug.kernels.linear.native_linear_rows` rows (at most
 :data:`NATIVE_LINEAR_MAX_ROWS`) and oneDNN beyond.
+
+On a CPU with AMX-BF16 (:func:`native_linear_amx`), a bfloat16 input times a
+bfloat16 weight whose in features are a multiple of 32 and out features of
+16 runs on AMX tiles instead (``csrc/linear_amx.c``): sixteen weight rows
+load into a tile as they lie and the few input rows are laid out for the
+tile product once a call, so the weight is still read once and never copied.
+The products of bfloat16 pairs are exact and summed in float32 (AMX treats
+bfloat16 subnormals, below about 1e-38, as zero).
 """
 
 from __future__ import annotations
@@ -32,6 +40,7 @@ __all__ = [
     "NATIVE_LINEAR_DTYPES",
     "NATIVE_LINEAR_MAX_ROWS",
     "native_linear",
+    "native_linear_amx",
     "native_linear_lanes",
     "native_linear_unavailable_reason",
 ]
@@ -63,7 +72,34 @@ def loaded() -> ctypes.CDLL | str:
         ptr, ctypes.c_int, i64, i64,  # weight, its kind, out features, its row stride
         ptr, ptr, i64, ctypes.c_int,  # bias, out, out's row stride, threads
     ]  # fmt: skip
+    amx = library.hwplug_linear_amx
+    amx.restype = ctypes.c_int
+    amx.argtypes = [
+        ptr, i64, i64, i64,  # x (bfloat16), rows, in features, x's row stride
+        ptr, i64, i64,  # weight (bfloat16), out features, its row stride
+        ptr, ptr, i64, ctypes.c_int,  # bias, out, out's row stride, threads
+    ]  # fmt: skip
     return library
+
+
+@functools.cache
+def native_linear_amx() -> bool:
+    """Whether bfloat16 products run on AMX tiles here (``csrc/linear_amx.c``): the
+    library was built for a CPU with AMX-BF16 and the OS lets this process use them."""
+    library = loaded()
+    return not isinstance(library, str) and bool(library.hwplug_linear_amx_ready())
+
+
+def amx_takes(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether the AMX path takes this product: bfloat16 ``x`` and weight, in features a
+    multiple of 32 and out features of 16, on a CPU where it runs."""
+    return (
+        x.dtype == torch.bfloat16
+        and weight.dtype == torch.bfloat16
+        and weight.shape[1] % 32 == 0
+        and weight.shape[0] % 16 == 0
+        and native_linear_amx()
+    )
 
 
 def native_linear_lanes() -> int:
@@ -151,10 +187,30 @@ def run(
         return out
     if inputs == 0:
         return out.copy_(bias.expand(rows, features)) if bias is not None else out.zero_()
-    if x.dtype != torch.float32 or x.stride(1) != 1:
-        x = x.to(torch.float32, memory_format=torch.contiguous_format).contiguous()
     if bias is not None and not bias.is_contiguous():
         bias = bias.contiguous()
+    if amx_takes(x, weight):
+        # bfloat16 pairs multiplied on AMX tiles (exact products, float32 sums)
+        if x.stride(1) != 1:
+            x = x.contiguous()
+        rc = library.hwplug_linear_amx(
+            x.data_ptr(),
+            rows,
+            inputs,
+            x.stride(0),
+            weight.data_ptr(),
+            features,
+            weight.stride(0),
+            None if bias is None else bias.data_ptr(),
+            out.data_ptr(),
+            out.stride(0),
+            torch.get_num_threads(),
+        )
+        if rc != 0:
+            raise RuntimeError(f"the native AMX linear kernel failed (status {rc})")
+        return out
+    if x.dtype != torch.float32 or x.stride(1) != 1:
+        x = x.to(torch.float32, memory_format=torch.contiguous_format).contiguous()
     rc = library.hwplug_linear(
         x.data_ptr(),
         rows,

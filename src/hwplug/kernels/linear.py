@@ -11,8 +11,9 @@ their platform gives (``Platform.linear_backend``):
   time in registers. Measured (docs/decisions.md): on an AVX2 CPU (Zen 1),
   1.2-1.7x faster than oneDNN for 1-32 rows in float32 and 2-3.5x faster
   than oneDNN's float32 product of 16-bit weights; on an AVX-512 CPU with
-  AMX, 1.1-3.6x faster for 1-16 rows in float32 and 1.1-2x for 1-4 rows of
-  bfloat16. Where the kernel cannot run (no AVX2/FMA/F16C, no compiler,
+  AMX, 1.1-3.6x faster for 1-16 rows in float32; there bfloat16 products of up
+  to 32 rows run on AMX tiles, the weight read as it lies (1.2-2.9x oneDNN's
+  bfloat16 product). Where the kernel cannot run (no AVX2/FMA/F16C, no compiler,
   ``HWPLUG_NATIVE_KERNELS=0``, a weight whose rows are not contiguous) it
   is ``"onednn"``;
 - ``"onednn"``: oneDNN's inner product, on CPUs. It reads the weight where
@@ -112,6 +113,9 @@ catches up at 24-32 rows)."""
 _NATIVE_16BIT_ROWS = 4
 """Rows of a 16-bit weight the kernel takes where oneDNN multiplies that dtype natively
 (on AMX, oneDNN was faster from 8 rows)."""
+_NATIVE_AMX_ROWS = 32
+"""Rows of bfloat16 the kernel's AMX path takes (1.2-2.9x oneDNN up to 32 rows on the
+AMX Xeon we measured, about level from 64 rows on some shapes)."""
 
 
 @functools.cache
@@ -125,11 +129,16 @@ def native_linear_rows(dtype: torch.dtype) -> int:
     AVX-512, about 24 rows in float32; and a 16-bit weight on a CPU where oneDNN
     multiplies that dtype natively (AVX-512 BF16/FP16, AMX) goes to oneDNN beyond
     4 rows. A 16-bit weight without native oneDNN kernels stays on the kernel up to
-    the maximum: oneDNN would compute it in float32 from converted pieces.
+    the maximum: oneDNN would compute it in float32 from converted pieces. Where the
+    kernel multiplies bfloat16 on AMX tiles (:func:`~hwplug.kernels.native_linear_amx`)
+    it takes up to 32 rows of a bfloat16 input whose weight's shape the tiles take (in
+    features a multiple of 32, out features of 16; other shapes: 4 rows).
     """
     lanes = cpu_linear.native_linear_lanes()
     if lanes == 0 or dtype not in cpu_linear.NATIVE_LINEAR_DTYPES:
         return 0
+    if dtype == torch.bfloat16 and cpu_linear.native_linear_amx():
+        return _NATIVE_AMX_ROWS
     if dtype != torch.float32:
         return _NATIVE_16BIT_ROWS if dtype in onednn_dtypes() else cpu_linear.NATIVE_LINEAR_MAX_ROWS
     return _NATIVE_AVX512_ROWS if lanes == 16 else cpu_linear.NATIVE_LINEAR_MAX_ROWS
@@ -137,7 +146,16 @@ def native_linear_rows(dtype: torch.dtype) -> int:
 
 def _native(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """The native kernel's product of a 2-D ``x`` for few rows, oneDNN's for more."""
-    if x.shape[0] > native_linear_rows(weight.dtype) or not _native_runs():
+    rows = x.shape[0]
+    if rows > native_linear_rows(weight.dtype) or not _native_runs():
+        return _onednn(x, weight, bias)
+    if (
+        rows > _NATIVE_16BIT_ROWS
+        and weight.dtype == torch.bfloat16
+        and cpu_linear.native_linear_amx()
+        and not cpu_linear.amx_takes(x, weight)
+    ):
+        # the rows past a few are the AMX path's; oneDNN's bfloat16 beats the vector path
         return _onednn(x, weight, bias)
     out = cpu_linear.run(x, weight, None if bias is None else bias.float())
     return out if x.dtype == torch.float32 else out.to(x.dtype)

@@ -1,0 +1,147 @@
+"""The native linear kernel's AMX path: bfloat16 products on tile registers.
+
+Where the CPU has AMX-BF16 (and the OS lets the process use it) bfloat16
+inputs times bfloat16 weights whose in features are a multiple of 32 and out
+features of 16 run on tiles, the weight read where it lies: judged against
+float64 over generated shapes (rows on both sides of the 16 and 32 rows a
+tile pass holds, strided rows of the input and of the weight, a bias, an
+output inside a wider buffer). A build without AMX (a compiler told to leave
+it out) is exercised in a new process on every machine: it says so, and the
+row limits and products are those of the vector path and oneDNN.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from hwplug.kernels import (
+    linear,
+    native_linear,
+    native_linear_amx,
+    native_linear_rows,
+    native_linear_unavailable_reason,
+)
+
+needs_amx = pytest.mark.skipif(
+    native_linear_unavailable_reason() is not None or not native_linear_amx(),
+    reason="the native linear kernel has no AMX path on this CPU",
+)
+
+
+def _assert_close(got: torch.Tensor, want: torch.Tensor, k: int) -> None:
+    """Float32 sums of ``k`` exact products of bfloat16 pairs."""
+    assert got.dtype == torch.float32 and got.shape == want.shape
+    tolerance = 1e-5 * max(1.0, math.sqrt(k)) * max(1.0, float(want.abs().max()))
+    assert float((got.double() - want).abs().max()) <= tolerance
+
+
+@needs_amx
+@settings(max_examples=40, deadline=None)
+@given(
+    rows=st.integers(1, 70),
+    k=st.sampled_from([32, 64, 96, 160, 512]),
+    n=st.sampled_from([16, 32, 48, 80, 128]),
+    bias=st.booleans(),
+    x_pad=st.sampled_from([0, 1, 32]),
+    w_pad=st.sampled_from([0, 3, 32]),
+    seed=st.integers(0, 2**16),
+)
+def test_tiles_give_the_float64_product_of_the_bfloat16_values(
+    rows: int, k: int, n: int, bias: bool, x_pad: int, w_pad: int, seed: int
+) -> None:
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(rows, k + x_pad, generator=gen).bfloat16()[:, :k]
+    w = torch.randn(n, k + w_pad, generator=gen).bfloat16()[:, :k]
+    b = torch.randn(n, generator=gen) if bias else None
+    out = torch.full((rows, n + 5), 7.0)
+    got = native_linear(x, w, b, out=out[:, :n])
+    want = torch.nn.functional.linear(x.double(), w.double(), None if b is None else b.double())
+    _assert_close(got, want, k)
+    assert torch.equal(out[:, n:], torch.full((rows, 5), 7.0))  # nothing written past it
+
+
+@needs_amx
+def test_special_values_propagate_on_tiles() -> None:
+    x = torch.ones(20, 64, dtype=torch.bfloat16)
+    w = torch.ones(32, 64, dtype=torch.bfloat16)
+    x[17, 3] = float("nan")
+    w[5, 40] = float("inf")
+    got = native_linear(x, w)
+    assert torch.isnan(got[17]).all()
+    others = [r for r in range(20) if r != 17]
+    assert torch.isinf(got[others, 5]).all()
+    got[17] = 0
+    got[:, 5] = 0
+    assert torch.equal(got, torch.where(got == 0, 0.0, 64.0))
+
+
+@needs_amx
+def test_an_in_place_update_of_the_weight_is_seen_on_tiles() -> None:
+    x = torch.randn(8, 64).bfloat16()
+    w = torch.randn(16, 64).bfloat16()
+    before = native_linear(x, w)
+    w.mul_(-2.0)  # exact in bfloat16
+    assert torch.equal(native_linear(x, w), -2.0 * before)
+
+
+@needs_amx
+@pytest.mark.parametrize("rows", [1, 5, 16, 32, 33, 64])
+def test_the_native_backend_takes_bfloat16_up_to_32_rows_and_oneDNN_beyond(rows: int) -> None:
+    assert native_linear_rows(torch.bfloat16) == 32
+    gen = torch.Generator().manual_seed(rows)
+    x = torch.randn(rows, 96, generator=gen).bfloat16()
+    w = torch.randn(48, 96, generator=gen).bfloat16()
+    b = torch.randn(48, generator=gen).bfloat16()
+    got = linear(x, w, b, backend="native")
+    assert got.dtype == torch.bfloat16
+    want = torch.nn.functional.linear(x.double(), w.double(), b.double())
+    # one rounding to bfloat16 of the float32 sum
+    assert float((got.double() - want).abs().max()) <= 2**-7 * float(want.abs().max())
+    if rows <= 32:
+        assert torch.equal(got, native_linear(x, w, b).to(torch.bfloat16))
+
+
+_NO_AMX_PROBE = """
+import torch
+from hwplug.kernels import linear, native_linear, native_linear_amx, native_linear_rows
+from hwplug.kernels.linear import onednn_dtypes
+print("AMX", native_linear_amx())
+print("ROWS", native_linear_rows(torch.bfloat16), torch.bfloat16 in onednn_dtypes())
+x, w = torch.randn(20, 64).bfloat16(), torch.randn(32, 64).bfloat16()
+want = x.double() @ w.double().t()
+print("ERR", float((native_linear(x, w).double() - want).abs().max()))
+print("ERR_BACKEND", float((linear(x, w, backend="native").double() - want).abs().max()))
+"""
+
+
+def test_built_without_amx_it_says_so_and_bfloat16_keeps_the_other_paths(
+    tmp_path: Path,
+) -> None:
+    compiler = os.environ.get("CC", "cc")
+    env = {
+        **os.environ,
+        "XDG_CACHE_HOME": str(tmp_path),
+        "CC": f"{compiler} -mno-amx-tile -mno-amx-bf16",
+    }
+    done = subprocess.run(
+        [sys.executable, "-c", _NO_AMX_PROBE], capture_output=True, text=True, env=env, timeout=300
+    )
+    if "unrecognized command-line option" in done.stderr:
+        pytest.skip("this compiler knows no AMX options")
+    assert done.returncode == 0, done.stderr
+    assert "AMX False" in done.stdout, done.stdout
+    rows, native_bf16 = done.stdout.split("ROWS ")[1].split("\n")[0].split()
+    if native_linear_unavailable_reason() is None:
+        # 4 rows where oneDNN multiplies bfloat16 itself, else the kernel's maximum
+        assert int(rows) == (4 if native_bf16 == "True" else 64), done.stdout
+    assert float(done.stdout.split("ERR ")[1].split()[0]) < 1e-3, done.stdout
+    assert float(done.stdout.split("ERR_BACKEND ")[1].split()[0]) < 0.5, done.stdout
