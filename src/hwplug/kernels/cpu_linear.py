@@ -189,35 +189,22 @@ def run(
         return out.copy_(bias.expand(rows, features)) if bias is not None else out.zero_()
     if bias is not None and not bias.is_contiguous():
         bias = bias.contiguous()
+    kind: tuple[int, ...] = ()  # the vector path's argument: the weight's dtype
     if amx_takes(x, weight):
         # bfloat16 pairs multiplied on AMX tiles (exact products, float32 sums)
-        if x.stride(1) != 1:
-            x = x.contiguous()
-        rc = library.hwplug_linear_amx(
-            x.data_ptr(),
-            rows,
-            inputs,
-            x.stride(0),
-            weight.data_ptr(),
-            features,
-            weight.stride(0),
-            None if bias is None else bias.data_ptr(),
-            out.data_ptr(),
-            out.stride(0),
-            torch.get_num_threads(),
-        )
-        if rc != 0:
-            raise RuntimeError(f"the native AMX linear kernel failed (status {rc})")
-        return out
-    if x.dtype != torch.float32 or x.stride(1) != 1:
-        x = x.to(torch.float32, memory_format=torch.contiguous_format).contiguous()
-    rc = library.hwplug_linear(
+        x = x if x.stride(1) == 1 else x.contiguous()
+        function = library.hwplug_linear_amx
+    else:
+        if x.dtype != torch.float32 or x.stride(1) != 1:
+            x = x.to(torch.float32, memory_format=torch.contiguous_format).contiguous()
+        function, kind = library.hwplug_linear, (_KINDS[weight.dtype],)
+    rc = function(
         x.data_ptr(),
         rows,
         inputs,
         x.stride(0),
         weight.data_ptr(),
-        _KINDS[weight.dtype],
+        *kind,
         features,
         weight.stride(0),
         None if bias is None else bias.data_ptr(),
@@ -226,5 +213,5 @@ def run(
         torch.get_num_threads(),
     )
     if rc != 0:
-        raise RuntimeError(f"the native linear kernel failed (status {rc})")
+        raise RuntimeError(f"the native linear kernel failed ({function.__name__}: status {rc})")
     return out
