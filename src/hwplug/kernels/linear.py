@@ -134,11 +134,17 @@ def native_linear_rows(dtype: torch.dtype) -> int:
     it takes up to 32 rows of a bfloat16 input whose weight's shape the tiles take (in
     features a multiple of 32, out features of 16; other shapes: 4 rows).
     """
+    if dtype == torch.bfloat16 and cpu_linear.native_linear_amx():
+        return _NATIVE_AMX_ROWS
+    return _vector_rows(dtype)
+
+
+@functools.cache
+def _vector_rows(dtype: torch.dtype) -> int:
+    """Up to how many rows of ``dtype`` the kernel's vector path beats oneDNN here."""
     lanes = cpu_linear.native_linear_lanes()
     if lanes == 0 or dtype not in cpu_linear.NATIVE_LINEAR_DTYPES:
         return 0
-    if dtype == torch.bfloat16 and cpu_linear.native_linear_amx():
-        return _NATIVE_AMX_ROWS
     if dtype != torch.float32:
         return _NATIVE_16BIT_ROWS if dtype in onednn_dtypes() else cpu_linear.NATIVE_LINEAR_MAX_ROWS
     return _NATIVE_AVX512_ROWS if lanes == 16 else cpu_linear.NATIVE_LINEAR_MAX_ROWS
@@ -146,16 +152,9 @@ def native_linear_rows(dtype: torch.dtype) -> int:
 
 def _native(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """The native kernel's product of a 2-D ``x`` for few rows, oneDNN's for more."""
-    rows = x.shape[0]
-    if rows > native_linear_rows(weight.dtype) or not _native_runs():
-        return _onednn(x, weight, bias)
-    if (
-        rows > _NATIVE_16BIT_ROWS
-        and weight.dtype == torch.bfloat16
-        and cpu_linear.native_linear_amx()
-        and not cpu_linear.amx_takes(x, weight)
-    ):
-        # the rows past a few are the AMX path's; oneDNN's bfloat16 beats the vector path
+    # products the AMX tiles take have their own limit; the rest the vector path's
+    limit = _NATIVE_AMX_ROWS if cpu_linear.amx_takes(x, weight) else _vector_rows(weight.dtype)
+    if x.shape[0] > limit or not _native_runs():
         return _onednn(x, weight, bias)
     out = cpu_linear.run(x, weight, None if bias is None else bias.float())
     return out if x.dtype == torch.float32 else out.to(x.dtype)
