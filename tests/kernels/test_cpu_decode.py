@@ -23,6 +23,7 @@ from hwplug.kernels import (
     FP8_FORMATS,
     NATIVE_CACHE_DTYPES,
     NATIVE_MAX_BLOCK_SIZE,
+    cpu_decode,
     native_decode_unavailable_reason,
     paged_decode_attention,
 )
@@ -245,6 +246,45 @@ def test_nan_in_a_query_row_or_a_visible_key_is_nan_in_that_row_only(head_size: 
     out = paged_decode_attention(query, key_cache, value_cache, table, lens, scale=0.3)
     nan_rows = out.isnan().any(-1)
     assert nan_rows.tolist() == [[False, True, False, False], [False, False, True, True]]
+
+
+@pytest.mark.parametrize(
+    ("group", "head_size", "cache_dtype"),
+    [
+        (2, 64, torch.bfloat16),
+        (3, 128, torch.float32),
+        (9, 64, torch.bfloat16),
+        (2, 8, torch.float16),
+    ],
+)  # the specialised vector shapes, the scalar path past 8 rows and at head size 8
+def test_a_bfloat16_query_gives_the_float32_result_rounded_to_nearest_even(
+    group: int, head_size: int, cache_dtype: torch.dtype
+) -> None:
+    """The kernel widens a bfloat16 query itself and rounds its result as torch's
+    ``.to(torch.bfloat16)`` does, bit for bit, into ``out``; a NaN query row is NaN."""
+    query, key_cache, value_cache, table, lens = _pages(
+        [1, 15, 40, 77], heads=2 * group, kv_heads=2, head_size=head_size, block_size=16,
+        dtype=cache_dtype, seed=group,
+    )  # fmt: skip
+    query = (query * 3).to(torch.bfloat16)
+    query[1, 0, 0] = float("nan")
+    # results far from 1, rounded at large exponents too (float16 stays finite)
+    value_cache[:, :, 1] *= 1e4 if cache_dtype == torch.float16 else 1e30
+    out = torch.full(query.shape, 7.0, dtype=torch.bfloat16)
+    got = cpu_decode.run(
+        query, key_cache, value_cache, table, lens, scale=0.2, sliding_window=None, out=out
+    )
+    assert got is out and got.dtype == torch.bfloat16
+    wide = cpu_decode.run(
+        query.float(), key_cache, value_cache, table, lens, scale=0.2, sliding_window=None
+    )
+    assert wide.dtype == torch.float32
+    rounded = wide.to(torch.bfloat16)
+    nan = rounded.isnan()
+    assert torch.equal(got.isnan(), nan) and nan[1, 0].all() and nan.sum() == head_size
+    assert rounded[~nan].abs().max() > 1e3
+    # bit for bit elsewhere (a NaN's payload is not part of the contract)
+    assert torch.equal(got[~nan].view(torch.int16), rounded[~nan].view(torch.int16))
 
 
 def test_an_empty_batch_returns_an_empty_result() -> None:
@@ -474,3 +514,36 @@ def test_the_backend_gives_the_same_answer_with_and_without_the_kernel(
         v_scale=k_scale,
     )
     torch.testing.assert_close(native[: sum(query_lens)].double(), expected, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("cache_dtype", ["model", torch.float8_e4m3fn])
+def test_a_16_bit_model_attends_alike_with_and_without_the_kernel(
+    monkeypatch: pytest.MonkeyPatch, dtype: torch.dtype, cache_dtype: object
+) -> None:
+    """A bfloat16 query goes to the kernel as it is, a float16 one (and any query of an fp8
+    cache, scaled) through float32: either way the result is the gather path's, in the
+    query's dtype, within a rounding of it."""
+    cache = dtype if cache_dtype == "model" else cache_dtype
+    assert isinstance(cache, torch.dtype)
+    batch = make_batch(
+        [70, 3, 33, 16, 12],
+        [1, 1, 1, 1, 12],
+        num_heads=8,
+        num_kv_heads=2,
+        head_size=64,
+        block_size=16,
+        dtype=dtype,
+        cache_dtype=cache,
+        padding=2,
+        seed=5,
+    )
+    impl = TorchAttentionBackend(8, 64, 2, 0.125, cache_dtype=cache)
+    scale = torch.tensor(0.5 if cache in FP8_FORMATS else 1.0)
+    native = impl.forward(*batch.args(), k_scale=scale, v_scale=scale)
+    monkeypatch.setenv("HWPLUG_NATIVE_KERNELS", "0")
+    gathered = impl.forward(*batch.args(), k_scale=scale, v_scale=scale)
+    assert native.dtype == gathered.dtype == dtype
+    resolution = torch.finfo(dtype).eps
+    torch.testing.assert_close(native, gathered, atol=2 * resolution, rtol=2 * resolution)
+    assert not native[-2:].any(), "padding rows stay zero"

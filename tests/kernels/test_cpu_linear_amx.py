@@ -24,6 +24,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hwplug.kernels import (
+    cpu_linear,
     linear,
     native_linear,
     native_linear_amx,
@@ -82,6 +83,26 @@ def test_special_values_propagate_on_tiles() -> None:
     got[17] = 0
     got[:, 5] = 0
     assert torch.equal(got, torch.where(got == 0, 0.0, 64.0))
+
+
+@needs_amx
+def test_tiles_round_a_bfloat16_result_as_torch_rounds_it() -> None:
+    """The tiles write a bfloat16 result themselves: the float32 sum plus bias rounded to
+    nearest even, ties included, as ``.to(torch.bfloat16)`` rounds it (NaN stays NaN)."""
+    ties = [1 + 2**-8, 1 + 3 * 2**-8, -(1 + 2**-8), 2**-130 + 2**-140, 3.4e38, -3.4e38]
+    specials = [float("inf"), float("-inf"), float("nan"), 0.0, -0.0, 1e-40]
+    bias = torch.tensor(ties + specials + [0.1 * i for i in range(20)], dtype=torch.float32)
+    gen = torch.Generator().manual_seed(3)
+    x = torch.zeros(3, 64, dtype=torch.bfloat16)
+    x[1] = torch.randn(64, generator=gen).bfloat16()
+    w = torch.randn(32, 64, generator=gen).bfloat16()
+    got = cpu_linear.run(x, w, bias, dtype=torch.bfloat16)
+    want = cpu_linear.run(x, w, bias).to(torch.bfloat16)
+    assert got.dtype == torch.bfloat16
+    nan = want.isnan()
+    assert torch.equal(got.isnan(), nan) and nan.any()
+    assert torch.equal(got[~nan].view(torch.int16), want[~nan].view(torch.int16))
+    assert got[0, 0] == 1.0 and got[0, 1] == 1 + 2**-6 and got[0, 4] == float("inf")
 
 
 @needs_amx

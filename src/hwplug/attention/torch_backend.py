@@ -83,24 +83,30 @@ class TorchAttentionBackend(AttentionBackend):
             out[plan.total :].zero_()
         fp8 = key_cache.dtype in FP8_FORMATS
         compute = _compute_dtype(query)
-        queries = query.to(compute)
-        if fp8:
-            # q . (k * k_scale) == (q * k_scale) . k: scale the few queries, not the many keys
-            queries = queries * _on(k_scale, queries)
-        pages = _Pages(key_cache, value_cache, plan.block_size, compute)
         window = self.sliding_window
-        in_place = bool(plan.decode_lens) and _reads_pages_in_place(queries, key_cache, plan)
+        in_place = bool(plan.decode_lens) and _reads_pages_in_place(query, key_cache, plan)
+        # the native kernel takes a float32 or bfloat16 query as it is (no conversion on
+        # either side); an fp8 cache's scaled query and float16 go through float32
+        direct = in_place and not fp8 and query.dtype in _native_query_dtypes()
+        queries = query
+        if not direct or plan.prefills:
+            queries = query.to(compute)
+            if fp8:
+                # q . (k * k_scale) == (q * k_scale) . k: scale the few queries, not the keys
+                queries = queries * _on(k_scale, queries)
+        pages = _Pages(key_cache, value_cache, plan.block_size, compute)
         if in_place:
             # one query token per sequence: the C kernel follows the block table, no gather
             from hwplug.kernels import cpu_decode
 
             rows, table, lens = plan.native_decode()
-            # leading float32 rows are written in place; others are copied in after
+            source = query if direct else queries
+            # leading rows of the result's dtype are written in place; others are copied in
             if isinstance(rows, int):
-                q = queries[:rows]
-                target = out[:rows] if out.dtype == torch.float32 else None
+                q = source[:rows]
+                target = out[:rows] if out.dtype == q.dtype else None
             else:
-                q, target = queries.index_select(0, rows), None
+                q, target = source.index_select(0, rows), None
             result = cpu_decode.run(
                 q,
                 key_cache,
@@ -157,20 +163,27 @@ class TorchAttentionBackend(AttentionBackend):
         return out
 
 
+def _native_query_dtypes() -> frozenset[torch.dtype]:
+    from hwplug.kernels import cpu_decode
+
+    return cpu_decode.NATIVE_QUERY_DTYPES
+
+
 def _reads_pages_in_place(
-    queries: torch.Tensor, key_cache: torch.Tensor, plan: TorchAttentionStep
+    query: torch.Tensor, key_cache: torch.Tensor, plan: TorchAttentionStep
 ) -> bool:
     """Whether decode attention runs on the native CPU kernel, which reads the pages where
-    they lie, instead of gathering them: float32 attention on CPU tensors, a cache dtype
-    and block size it reads, and the kernel built (see :mod:`hwplug.kernels.cpu_decode`)."""
+    they lie, instead of gathering them: attention computed in float32 on CPU tensors, a
+    cache dtype and block size it reads, and the kernel built (see
+    :mod:`hwplug.kernels.cpu_decode`)."""
     import torch
 
     # lazy: torch; `import hwplug` (which lists the backends) stays light
     from hwplug.kernels import cpu_decode, native
 
     return (
-        queries.device.type == "cpu"
-        and queries.dtype == torch.float32
+        query.device.type == "cpu"
+        and _compute_dtype(query) == torch.float32
         and key_cache.dtype in cpu_decode.NATIVE_CACHE_DTYPES
         and plan.block_size <= cpu_decode.NATIVE_MAX_BLOCK_SIZE
         and native.runs(cpu_decode.loaded)

@@ -30,6 +30,7 @@ from hwplug.kernels.formats import FP8_FORMATS
 __all__ = [
     "NATIVE_MAX_BLOCK_SIZE",
     "NATIVE_CACHE_DTYPES",
+    "NATIVE_QUERY_DTYPES",
     "native_decode_unavailable_reason",
     "paged_decode_attention",
 ]
@@ -45,6 +46,8 @@ _KINDS: dict[torch.dtype, int] = {
 }
 NATIVE_CACHE_DTYPES = frozenset(_KINDS)
 """The cache dtypes the kernel reads."""
+NATIVE_QUERY_DTYPES = frozenset({torch.float32, torch.bfloat16})
+"""The query dtypes :func:`run` takes as they are (its result in the same dtype)."""
 
 
 def native_decode_unavailable_reason(device: torch.device | str = "cpu") -> str | None:
@@ -196,8 +199,12 @@ def run(
     out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """The kernel on checked arguments (no value checks: the torch attention backend's
-    ``prepare`` has made them): float32 ``query``, int64 ``block_table`` and ``seq_lens``
-    with every block id in range and every length covered by its row."""
+    ``prepare`` has made them): a float32 or bfloat16 ``query`` (see
+    :data:`NATIVE_QUERY_DTYPES`), int64 ``block_table`` and ``seq_lens`` with every block
+    id in range and every length covered by its row. The result is in the query's
+    dtype (a bfloat16 query is widened in the kernel, its result rounded to nearest
+    even there: what ``.to(torch.bfloat16)`` of the float32 result gives), into ``out``
+    (contiguous, the query's shape and dtype) when given."""
     library = loaded()
     if isinstance(library, str):
         raise RuntimeError(f"the native paged decode kernel cannot run: {library}")
@@ -207,7 +214,7 @@ def run(
     table = block_table if block_table.stride(-1) == 1 else block_table.contiguous()
     lens = seq_lens.contiguous()
     if out is None:
-        out = torch.empty(query.shape, dtype=torch.float32)
+        out = torch.empty(query.shape, dtype=query.dtype)
     if n == 0:
         return out
     kind = _KINDS[key_cache.dtype]
@@ -217,6 +224,7 @@ def run(
     strides = key_cache.stride()
     rc = library.hwplug_paged_decode(
         query.data_ptr(),
+        _KINDS[query.dtype],
         key_cache.data_ptr(),
         value_cache.data_ptr(),
         kind,
@@ -237,8 +245,10 @@ def run(
         out.data_ptr(),
         torch.get_num_threads(),
     )
-    if rc != 0:
+    if rc == 1:
         raise MemoryError("the native paged decode kernel could not allocate its work buffers")
+    if rc != 0:
+        raise RuntimeError(f"the native paged decode kernel failed (status {rc})")
     return out
 
 
@@ -259,7 +269,8 @@ def _declare(library: ctypes.CDLL) -> None:
     function = library.hwplug_paged_decode
     function.restype = i32
     function.argtypes = [
-        ptr, ptr, ptr, i32, ptr,  # query, key_cache, value_cache, kind, code values
+        ptr, i32,  # query, its kind
+        ptr, ptr, i32, ptr,  # key_cache, value_cache, kind, code values
         i64, i64, i64,  # cache strides: block, position, head
         ptr, i64, ptr,  # block table, its row stride, lengths
         i64, i32, i32, i32, i32,  # n, kv heads, group, head size, block size

@@ -77,7 +77,8 @@ def loaded() -> ctypes.CDLL | str:
     amx.argtypes = [
         ptr, i64, i64, i64,  # x (bfloat16), rows, in features, x's row stride
         ptr, i64, i64,  # weight (bfloat16), out features, its row stride
-        ptr, ptr, i64, ctypes.c_int,  # bias, out, out's row stride, threads
+        ptr, ptr, i64,  # bias, out, out's row stride
+        ctypes.c_int, ctypes.c_int,  # out is bfloat16 (else float32), threads
     ]  # fmt: skip
     return library
 
@@ -173,45 +174,51 @@ def run(
     weight: torch.Tensor,
     bias: torch.Tensor | None,
     out: torch.Tensor | None = None,
+    *,
+    dtype: torch.dtype = torch.float32,
 ) -> torch.Tensor:
     """The kernel on checked arguments: 2-D ``x``, a weight of a supported dtype with its
-    last dimension contiguous, a float32 ``bias`` or None."""
+    last dimension contiguous, a float32 ``bias`` or None. The result is float32, or
+    ``dtype``: the AMX path writes bfloat16 itself (rounded to nearest even, as
+    ``.to(torch.bfloat16)`` of the float32 result rounds), others convert. ``out``, when
+    given, is float32."""
     library = loaded()
     if isinstance(library, str):
         raise RuntimeError(f"the native linear kernel cannot run: {library}")
     rows, inputs = x.shape
     features = weight.shape[0]
+    amx = amx_takes(x, weight) and rows > 0 and features > 0 and inputs > 0
     if out is None:
-        out = torch.empty((rows, features), dtype=torch.float32)
+        direct = amx and dtype == torch.bfloat16
+        out = torch.empty((rows, features), dtype=dtype if direct else torch.float32)
     if rows == 0 or features == 0:
-        return out
+        return out.to(dtype)
     if inputs == 0:
-        return out.copy_(bias.expand(rows, features)) if bias is not None else out.zero_()
+        out = out.copy_(bias.expand(rows, features)) if bias is not None else out.zero_()
+        return out.to(dtype)
     if bias is not None and not bias.is_contiguous():
         bias = bias.contiguous()
-    kind: tuple[int, ...] = ()  # the vector path's argument: the weight's dtype
-    if amx_takes(x, weight):
+    bias_pointer = None if bias is None else bias.data_ptr()
+    threads = torch.get_num_threads()
+    if amx:
         # bfloat16 pairs multiplied on AMX tiles (exact products, float32 sums)
         x = x if x.stride(1) == 1 else x.contiguous()
         function = library.hwplug_linear_amx
+        rc = function(
+            x.data_ptr(), rows, inputs, x.stride(0),
+            weight.data_ptr(), features, weight.stride(0),
+            bias_pointer, out.data_ptr(), out.stride(0),
+            int(out.dtype == torch.bfloat16), threads,
+        )  # fmt: skip
     else:
         if x.dtype != torch.float32 or x.stride(1) != 1:
             x = x.to(torch.float32, memory_format=torch.contiguous_format).contiguous()
-        function, kind = library.hwplug_linear, (_KINDS[weight.dtype],)
-    rc = function(
-        x.data_ptr(),
-        rows,
-        inputs,
-        x.stride(0),
-        weight.data_ptr(),
-        *kind,
-        features,
-        weight.stride(0),
-        None if bias is None else bias.data_ptr(),
-        out.data_ptr(),
-        out.stride(0),
-        torch.get_num_threads(),
-    )
+        function = library.hwplug_linear
+        rc = function(
+            x.data_ptr(), rows, inputs, x.stride(0),
+            weight.data_ptr(), _KINDS[weight.dtype], features, weight.stride(0),
+            bias_pointer, out.data_ptr(), out.stride(0), threads,
+        )  # fmt: skip
     if rc != 0:
         raise RuntimeError(f"the native linear kernel failed ({function.__name__}: status {rc})")
-    return out
+    return out.to(dtype)

@@ -156,32 +156,33 @@ def _native(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) ->
     limit = _NATIVE_AMX_ROWS if cpu_linear.amx_takes(x, weight) else _vector_rows(weight.dtype)
     if x.shape[0] > limit or not _native_runs():
         return _onednn(x, weight, bias)
-    out = cpu_linear.run(x, weight, None if bias is None else bias.float())
-    return out if x.dtype == torch.float32 else out.to(x.dtype)
+    return cpu_linear.run(x, weight, None if bias is None else bias.float(), dtype=x.dtype)
 
 
 def _native_runs() -> bool:
     return native.runs(cpu_linear.loaded)
 
 
-@torch.library.custom_op("hwplug::native_linear", mutates_args=())
-def _native_op(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    return _native(x, weight, bias)
-
-
-@_native_op.register_fake
-def _(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+def _fake_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     return x.new_empty((x.shape[0], weight.shape[0]))
 
 
-@torch.library.custom_op("hwplug::onednn_linear", mutates_args=())
-def _onednn_op(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    return _onednn(x, weight, bias)
-
-
-@_onednn_op.register_fake
-def _(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    return x.new_empty((x.shape[0], weight.shape[0]))
+# Defined on a torch.library fragment with one kernel for every device
+# (CompositeExplicitAutograd) and a fake for tracing, as the attention op is:
+# ``torch.library.custom_op`` would add a Python autograd layer and output-alias
+# checks to each call (about 11 us on a CPU, measured: 17 linears a step of a
+# small model) that these ops never need, since a call that records autograd
+# takes torch's path before it reaches them (:func:`_runs_cpu`).
+_LIBRARY = torch.library.Library("hwplug", "FRAGMENT")
+_SCHEMA = "(Tensor x, Tensor weight, Tensor? bias) -> Tensor"
+_LIBRARY.define("native_linear" + _SCHEMA)
+_LIBRARY.define("onednn_linear" + _SCHEMA)
+# (the kernels look the functions up when called, so that a profiler that wraps them sees
+# the compiled model's calls too)
+_LIBRARY.impl("native_linear", lambda x, w, b: _native(x, w, b), "CompositeExplicitAutograd")
+_LIBRARY.impl("onednn_linear", lambda x, w, b: _onednn(x, w, b), "CompositeExplicitAutograd")
+torch.library.register_fake("hwplug::native_linear", _fake_linear, lib=_LIBRARY)
+torch.library.register_fake("hwplug::onednn_linear", _fake_linear, lib=_LIBRARY)
 
 
 def _runs_cpu(

@@ -46,9 +46,9 @@ ENV = "HWPLUG_NATIVE_KERNELS"
 _SOURCES = Path(__file__).with_name("csrc")
 _NAME = "hwplug_cpu"
 _INTERFACES = {
-    "hwplug_paged_decode_version": 1,
+    "hwplug_paged_decode_version": 2,
     "hwplug_linear_version": 2,
-    "hwplug_linear_amx_version": 1,
+    "hwplug_linear_amx_version": 2,
 }
 """The version function of each source and the version this Python side speaks."""
 

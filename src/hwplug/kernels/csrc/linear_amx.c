@@ -22,7 +22,8 @@
  *   x    [M, K] bfloat16, row stride ldx
  *   w    [N, K] bfloat16, row stride ldw
  *   bias [N] float32 or NULL
- *   y    [M, N] float32, row stride ldy
+ *   y    [M, N] float32, or bfloat16 when y_bf16 (rounded to nearest even, as torch
+ *        rounds), row stride ldy
  * K must be a multiple of 32 and N of 16 (else it returns 4). Work is split
  * over blocks of 32 output features (OpenMP, `threads` threads); products
  * of bfloat16 pairs are exact and summed in float32.
@@ -33,7 +34,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-int hwplug_linear_amx_version(void) { return 1; }
+int hwplug_linear_amx_version(void) { return 2; }
 
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512F__)
 #include <immintrin.h>
@@ -90,18 +91,34 @@ static void pack_rows(const uint16_t *x, int64_t M, int64_t K, int64_t ldx, int6
     }
 }
 
-/* A 16 x 16 float32 tile of y^T (features n0.., rows m0..) written into y with the bias */
+/* float32 to bfloat16, rounded to nearest even; NaN stays a (quiet) NaN, as in torch */
+static inline uint16_t f32_to_bf16(float f) {
+    uint32_t bits;
+    memcpy(&bits, &f, sizeof bits);
+    if ((bits & 0x7fffffffu) > 0x7f800000u) return 0x7fc0;
+    return (uint16_t)((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);
+}
+
+/* A 16 x 16 float32 tile of y^T (features n0.., rows m0..) written into y with the bias,
+ * as float32 or rounded to bfloat16 */
 static void write_back(const float *sums, int64_t n0, int64_t m0, int64_t M,
-                       const float *bias, float *y, int64_t ldy) {
+                       const float *bias, void *y, int64_t ldy, int y_bf16) {
     for (int j = 0; j < TILE && m0 + j < M; j++) {
-        float *out = y + (m0 + j) * ldy + n0;
-        for (int i = 0; i < TILE; i++) out[i] = sums[i * TILE + j] + (bias ? bias[n0 + i] : 0.0f);
+        float row[TILE];
+        for (int i = 0; i < TILE; i++) row[i] = sums[i * TILE + j] + (bias ? bias[n0 + i] : 0.0f);
+        const int64_t at = (m0 + j) * ldy + n0;
+        if (y_bf16) {
+            uint16_t *out = (uint16_t *)y + at;
+            for (int i = 0; i < TILE; i++) out[i] = f32_to_bf16(row[i]);
+        } else {
+            memcpy((float *)y + at, row, sizeof row);
+        }
     }
 }
 
 int hwplug_linear_amx(const uint16_t *x, int64_t M, int64_t K, int64_t ldx, const uint16_t *w,
-                      int64_t N, int64_t ldw, const float *bias, float *y, int64_t ldy,
-                      int threads) {
+                      int64_t N, int64_t ldw, const float *bias, void *y, int64_t ldy,
+                      int y_bf16, int threads) {
     if (!hwplug_linear_amx_ready()) return 2;
     if (K % KSTEP != 0 || N % TILE != 0) return 4;
     if (M <= 0 || N == 0) return 0;
@@ -146,17 +163,17 @@ int hwplug_linear_amx(const uint16_t *x, int64_t M, int64_t K, int64_t ldx, cons
                     }
                 }
                 _tile_stored(0, sums, 64);
-                write_back(sums, n0, m0, M, bias, y, ldy);
+                write_back(sums, n0, m0, M, bias, y, ldy, y_bf16);
                 if (two) {
                     _tile_stored(1, sums, 64);
-                    write_back(sums, n0 + TILE, m0, M, bias, y, ldy);
+                    write_back(sums, n0 + TILE, m0, M, bias, y, ldy, y_bf16);
                 }
                 if (second) {
                     _tile_stored(2, sums, 64);
-                    write_back(sums, n0, m0 + TILE, M, bias, y, ldy);
+                    write_back(sums, n0, m0 + TILE, M, bias, y, ldy, y_bf16);
                     if (two) {
                         _tile_stored(3, sums, 64);
-                        write_back(sums, n0 + TILE, m0 + TILE, M, bias, y, ldy);
+                        write_back(sums, n0 + TILE, m0 + TILE, M, bias, y, ldy, y_bf16);
                     }
                 }
             }
@@ -172,10 +189,10 @@ int hwplug_linear_amx(const uint16_t *x, int64_t M, int64_t K, int64_t ldx, cons
 int hwplug_linear_amx_ready(void) { return 0; }
 
 int hwplug_linear_amx(const uint16_t *x, int64_t M, int64_t K, int64_t ldx, const uint16_t *w,
-                      int64_t N, int64_t ldw, const float *bias, float *y, int64_t ldy,
-                      int threads) {
+                      int64_t N, int64_t ldw, const float *bias, void *y, int64_t ldy,
+                      int y_bf16, int threads) {
     (void)x, (void)M, (void)K, (void)ldx, (void)w, (void)N, (void)ldw, (void)bias, (void)y;
-    (void)ldy, (void)threads;
+    (void)ldy, (void)y_bf16, (void)threads;
     return 2;
 }
 

@@ -8,15 +8,17 @@
  * its threads.
  *
  * Layouts (element strides are given; the last dimension is contiguous):
- *   query  [n, kv_heads, group, head_size] float32, contiguous
+ *   query  [n, kv_heads, group, head_size] float32 or bfloat16 (`qkind`),
+ *          contiguous
  *   cache  [num_blocks, block_size, kv_heads, head_size] in `kind`
  *   table  [n, table_stride] int64 block ids (only the first blocks of each
  *          row that cover its length are read)
  *   lens   [n] int64 sequence lengths (the query is the last position)
- *   out    [n, kv_heads, group, head_size] float32, contiguous
+ *   out    [n, kv_heads, group, head_size] in the query's kind, contiguous
  * Each (sequence, key/value head) pair is one work item: its `group` query
  * rows attend to positions [max(0, len - window), len) with an online
- * softmax taken a page at a time.
+ * softmax taken a page at a time, in float32 (a bfloat16 query is widened
+ * first and the result rounded to nearest even, as torch rounds).
  *
  * Where the build has AVX2/FMA/F16C (simd.h), 32- and 16-bit caches with a
  * head size that is a multiple of the vector width (up to 16 vectors) and
@@ -44,6 +46,14 @@ static inline float bf16_to_f32(uint16_t h) {
     float f;
     memcpy(&f, &bits, sizeof f);
     return f;
+}
+
+/* float32 to bfloat16, rounded to nearest even; NaN stays a (quiet) NaN, as in torch */
+static inline uint16_t f32_to_bf16(float f) {
+    uint32_t bits;
+    memcpy(&bits, &f, sizeof bits);
+    if ((bits & 0x7fffffffu) > 0x7f800000u) return 0x7fc0;
+    return (uint16_t)((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);
 }
 
 static inline float f16_to_f32(uint16_t h) {
@@ -367,15 +377,18 @@ static int vector_path(int kind, int group, int head_size) {
 #endif
 
 /* The version of this file's interface: the loader checks it. */
-int hwplug_paged_decode_version(void) { return 1; }
+int hwplug_paged_decode_version(void) { return 2; }
 
-/* Returns 0, or 1 when a work buffer could not be allocated, 2 for a block size over MAX_BLOCK. */
-int hwplug_paged_decode(const float *query, const void *key_cache, const void *value_cache,
-                        int kind, const float *lut, int64_t block_stride, int64_t pos_stride,
-                        int64_t head_stride, const int64_t *table, int64_t table_stride,
-                        const int64_t *lens, int64_t n, int kv_heads, int group, int head_size,
-                        int block_size, int64_t window, float scale, float *out, int threads) {
+/* Returns 0, or 1 when a work buffer could not be allocated, 2 for a block size over
+ * MAX_BLOCK, 3 for a query kind other than float32 and bfloat16. */
+int hwplug_paged_decode(const void *query, int qkind, const void *key_cache,
+                        const void *value_cache, int kind, const float *lut,
+                        int64_t block_stride, int64_t pos_stride, int64_t head_stride,
+                        const int64_t *table, int64_t table_stride, const int64_t *lens,
+                        int64_t n, int kv_heads, int group, int head_size, int block_size,
+                        int64_t window, float scale, void *out, int threads) {
     if (block_size > MAX_BLOCK) return 2;
+    if (qkind != KIND_F32 && qkind != KIND_BF16) return 3;
     /* work items: whole sequences, or parts of their heads when there are few sequences */
     int split = 1;
     while (split < kv_heads && n * split < 4 * (int64_t)threads) split *= 2;
@@ -385,8 +398,11 @@ int hwplug_paged_decode(const float *query, const void *key_cache, const void *v
     const int vector = vector_path(kind, group, head_size);
     (void)vector;
     const int rows = heads * group;
-    const int64_t work_floats =
-        (int64_t)rows * head_size + 2 * rows + (int64_t)rows * MAX_BLOCK + head_size;
+    const int64_t item_floats = (int64_t)rows * head_size; /* one item's query rows */
+    /* the rows' state (rows_begin), a row of keys or values; for a bfloat16 query, the
+     * item's query rows and results in float32 */
+    const int64_t work_floats = item_floats + 2 * rows + (int64_t)rows * MAX_BLOCK + head_size +
+                                (qkind == KIND_F32 ? 0 : 2 * item_floats);
     int failed = 0;
 #pragma omp parallel num_threads(threads > 0 ? threads : 1) reduction(| : failed)
     {
@@ -400,18 +416,31 @@ int hwplug_paged_decode(const float *query, const void *key_cache, const void *v
             const int64_t b = item / split;
             const int head = (int)(item % split) * heads;
             const int64_t offset = (b * kv_heads + head) * (int64_t)group * head_size;
+            const float *q = (const float *)query + offset;
+            float *o = (float *)out + offset;
+            if (qkind == KIND_BF16) { /* widened into the end of the work buffer */
+                float *wide = work + work_floats - 2 * item_floats;
+                const uint16_t *src = (const uint16_t *)query + offset;
+                for (int64_t i = 0; i < item_floats; i++) wide[i] = bf16_to_f32(src[i]);
+                q = wide;
+                o = wide + item_floats;
+            }
 #if defined(HWPLUG_SIMD)
             if (vector) {
-                attend_vec(query + offset, key_cache, value_cache, kind, block_stride,
-                           pos_stride, head_stride, table + b * table_stride, lens[b], head,
-                           heads, group, head_size, block_size, window, scale, out + offset,
-                           work);
-                continue;
-            }
+                attend_vec(q, key_cache, value_cache, kind, block_stride, pos_stride,
+                           head_stride, table + b * table_stride, lens[b], head, heads, group,
+                           head_size, block_size, window, scale, o, work);
+            } else
 #endif
-            attend_one(query + offset, key_cache, value_cache, kind, lut, block_stride,
-                       pos_stride, head_stride, table + b * table_stride, lens[b], head, heads,
-                       group, head_size, block_size, window, scale, out + offset, work);
+            {
+                attend_one(q, key_cache, value_cache, kind, lut, block_stride, pos_stride,
+                           head_stride, table + b * table_stride, lens[b], head, heads, group,
+                           head_size, block_size, window, scale, o, work);
+            }
+            if (qkind == KIND_BF16) {
+                uint16_t *dst = (uint16_t *)out + offset;
+                for (int64_t i = 0; i < item_floats; i++) dst[i] = f32_to_bf16(o[i]);
+            }
         }
         free(work);
     }
