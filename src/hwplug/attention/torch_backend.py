@@ -7,9 +7,11 @@ output, so the gathered pages are only cast), and runs
 ``torch.nn.functional.scaled_dot_product_attention`` with causal and
 sliding-window masks and grouped heads. All decoding sequences (one query
 token each) run as one batched call; every other sequence runs on its own.
-On a CPU, 16-bit models attend in float32 (converted while the pages are
-gathered): CPU attention kernels are several times slower in 16 bits. On a
-CPU, decoding sequences skip the gather: the C kernel of
+On a CPU, 16-bit models decode in float32 (converted while the pages are
+gathered): CPU attention kernels are several times slower in 16 bits for one
+query token. Their prefills attend in float32 too, except bfloat16 ones on a
+CPU with bfloat16 dot products (AVX-512 BF16, AMX), where SDPA's bfloat16
+kernel is about twice its float32 one. On a CPU, decoding sequences skip the gather: the C kernel of
 :mod:`hwplug.kernels.cpu_decode` reads their pages where they lie (when it
 cannot be built, or ``HWPLUG_NATIVE_KERNELS=0``, they are gathered as above).
 
@@ -24,6 +26,7 @@ longest sequence), so a captured device graph could not serve another step:
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import TYPE_CHECKING
 
@@ -88,8 +91,12 @@ class TorchAttentionBackend(AttentionBackend):
         # the native kernel takes a float32 or bfloat16 query as it is (no conversion on
         # either side); an fp8 cache's scaled query and float16 go through float32
         direct = in_place and not fp8 and query.dtype in _native_query_dtypes()
+        # prefills attend in the model's bfloat16 where the CPU multiplies it natively
+        prefill_dtype = _prefill_dtype(query, key_cache, compute)
+        # the query in the decode dtype: for decoding rows the kernel does not take as they
+        # are, and for prefills attending in that dtype
         queries = query
-        if not direct or plan.prefills:
+        if (plan.decode_lens and not direct) or (plan.prefills and prefill_dtype == compute):
             queries = query.to(compute)
             if fp8:
                 # q . (k * k_scale) == (q * k_scale) . k: scale the few queries, not the keys
@@ -139,9 +146,12 @@ class TorchAttentionBackend(AttentionBackend):
                 q, k, v, attn_mask=mask, scale=self.scale
             )
             out.index_copy_(0, group.rows, result.flatten(1, 2).to(out.dtype))
+        if prefill_dtype != compute:
+            pages = _Pages(key_cache, value_cache, plan.block_size, prefill_dtype)
         for chunk in plan.prefills:
             k, v = pages.gather(chunk.index, 1, chunk.seq_len)
-            q = queries[chunk.start : chunk.end].transpose(0, 1).unsqueeze(0)
+            q = (queries if prefill_dtype == compute else query)[chunk.start : chunk.end]
+            q = q.transpose(0, 1).unsqueeze(0)
             mask = chunk.mask(window)
             result = torch.nn.functional.scaled_dot_product_attention(
                 q,
@@ -173,7 +183,7 @@ def _reads_pages_in_place(
     query: torch.Tensor, key_cache: torch.Tensor, plan: TorchAttentionStep
 ) -> bool:
     """Whether decode attention runs on the native CPU kernel, which reads the pages where
-    they lie, instead of gathering them: attention computed in float32 on CPU tensors, a
+    they lie, instead of gathering them: CPU tensors (attention computed in float32), a
     cache dtype and block size it reads, and the kernel built (see
     :mod:`hwplug.kernels.cpu_decode`)."""
     import torch
@@ -191,14 +201,43 @@ def _reads_pages_in_place(
 
 
 def _compute_dtype(query: torch.Tensor) -> torch.dtype:
-    """The dtype attention runs in: float32 for 16-bit queries on a CPU, whose 16-bit
-    attention kernels are several times slower (the pages are converted while they are
-    gathered anyway); the query's own dtype elsewhere."""
+    """The dtype decode attention runs in: float32 for 16-bit queries on a CPU, whose
+    16-bit attention kernels are several times slower for one query token (the pages are
+    converted while they are gathered anyway); the query's own dtype elsewhere."""
     import torch
 
     if query.device.type == "cpu" and query.dtype in (torch.bfloat16, torch.float16):
         return torch.float32
     return query.dtype
+
+
+def _prefill_dtype(
+    query: torch.Tensor, key_cache: torch.Tensor, compute: torch.dtype
+) -> torch.dtype:
+    """The dtype prefills attend in: bfloat16 for a bfloat16 query and cache on a CPU with
+    native bfloat16 dot products (AVX-512 BF16 or AMX), where SDPA's bfloat16 flash kernel
+    is 1.7-2.3x its float32 one on prompts of 64-512 tokens (3-4x a float32 pass with its
+    conversions; docs/decisions.md); ``compute`` (the decode dtype) elsewhere."""
+    import torch
+
+    if (
+        query.device.type == "cpu"
+        and query.dtype == torch.bfloat16
+        and key_cache.dtype == torch.bfloat16
+        and _native_bfloat16_cpu()
+    ):
+        return torch.bfloat16
+    return compute
+
+
+@functools.cache
+def _native_bfloat16_cpu() -> bool:
+    """Whether this CPU has bfloat16 dot products (AVX-512 BF16 or AMX-BF16), as torch
+    sees it (its private probes; False where this torch has none)."""
+    import torch
+
+    probes = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
+    return any(bool(getattr(torch.cpu, name, lambda: False)()) for name in probes)
 
 
 class TorchAttentionStep(PreparedStep):
