@@ -174,6 +174,8 @@ class TorchAttentionBackend(AttentionBackend):
 
 
 def _native_query_dtypes() -> frozenset[torch.dtype]:
+    """The query dtypes the native decode kernel takes as they are."""
+    # lazy: torch; `import hwplug` (which lists the backends) stays light
     from hwplug.kernels import cpu_decode
 
     return cpu_decode.NATIVE_QUERY_DTYPES
