@@ -3,9 +3,9 @@
 Some CPU work has no good torch op: decode attention that follows a block
 table (:mod:`hwplug.kernels.cpu_decode`) and few-row linears read straight
 from a 32- or 16-bit weight (:mod:`hwplug.kernels.cpu_linear`). Their C
-sources (and ``simd.h``, the vector width they share) ship in the wheel and
-are compiled together, on first use, into one shared library with the
-system's C compiler (``$CC``, else ``cc``, ``gcc``
+sources (and the headers they share: ``simd.h``, the vector width, and
+``bfloat16.h``, its conversions) ship in the wheel and are compiled together,
+on first use, into one shared library with the system's C compiler (``$CC``, else ``cc``, ``gcc``
 or ``clang``; ``-O3 -march=native`` and OpenMP when the compiler has them),
 cached in ``$XDG_CACHE_HOME/hwplug/kernels`` (default
 ``~/.cache/hwplug/kernels``; a temporary directory when that is not

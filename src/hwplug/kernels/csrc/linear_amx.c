@@ -34,6 +34,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "bfloat16.h"
+
 int hwplug_linear_amx_version(void) { return 2; }
 
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512F__)
@@ -89,14 +91,6 @@ static void pack_rows(const uint16_t *x, int64_t M, int64_t K, int64_t ldx, int6
             for (int64_t kp = 0; kp < K / 2; kp++) memcpy(p + kp * TILE + j, row + 2 * kp, 4);
         }
     }
-}
-
-/* float32 to bfloat16, rounded to nearest even; NaN stays a (quiet) NaN, as in torch */
-static inline uint16_t f32_to_bf16(float f) {
-    uint32_t bits;
-    memcpy(&bits, &f, sizeof bits);
-    if ((bits & 0x7fffffffu) > 0x7f800000u) return 0x7fc0;
-    return (uint16_t)((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);
 }
 
 /* A 16 x 16 float32 tile of y^T (features n0.., rows m0..) written into y with the bias,

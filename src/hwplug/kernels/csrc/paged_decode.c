@@ -39,22 +39,8 @@ enum { KIND_F32 = 0, KIND_BF16 = 1, KIND_F16 = 2, KIND_CODES = 3 };
 
 #define MAX_BLOCK 256
 
+#include "bfloat16.h"
 #include "simd.h"
-
-static inline float bf16_to_f32(uint16_t h) {
-    uint32_t bits = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &bits, sizeof f);
-    return f;
-}
-
-/* float32 to bfloat16, rounded to nearest even; NaN stays a (quiet) NaN, as in torch */
-static inline uint16_t f32_to_bf16(float f) {
-    uint32_t bits;
-    memcpy(&bits, &f, sizeof bits);
-    if ((bits & 0x7fffffffu) > 0x7f800000u) return 0x7fc0;
-    return (uint16_t)((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);
-}
 
 static inline float f16_to_f32(uint16_t h) {
     uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
