@@ -146,12 +146,13 @@ class TorchAttentionBackend(AttentionBackend):
                 q, k, v, attn_mask=mask, scale=self.scale
             )
             out.index_copy_(0, group.rows, result.flatten(1, 2).to(out.dtype))
-        if prefill_dtype != compute:
-            pages = _Pages(key_cache, value_cache, plan.block_size, prefill_dtype)
+        prefill_pages, prefill_queries = pages, queries
+        if prefill_dtype != compute:  # the model's own bfloat16: nothing converted
+            prefill_pages = _Pages(key_cache, value_cache, plan.block_size, prefill_dtype)
+            prefill_queries = query
         for chunk in plan.prefills:
-            k, v = pages.gather(chunk.index, 1, chunk.seq_len)
-            q = (queries if prefill_dtype == compute else query)[chunk.start : chunk.end]
-            q = q.transpose(0, 1).unsqueeze(0)
+            k, v = prefill_pages.gather(chunk.index, 1, chunk.seq_len)
+            q = prefill_queries[chunk.start : chunk.end].transpose(0, 1).unsqueeze(0)
             mask = chunk.mask(window)
             result = torch.nn.functional.scaled_dot_product_attention(
                 q,
