@@ -7,11 +7,12 @@ their platform gives (``Platform.linear_backend``):
 - ``"native"``: hwplug's CPU kernel (:mod:`hwplug.kernels.cpu_linear`) for
   up to :func:`native_linear_rows` rows (decoding steps; how many depends on the
   CPU and the dtype), oneDNN's inner product beyond (prefills). The kernel
-  reads 32- and 16-bit weights as they lie and multiplies four rows at a
-  time in registers. Measured (docs/decisions.md): on an AVX2 CPU (Zen 1),
+  reads 32- and 16-bit weights as they lie and multiplies four rows (eight
+  with AVX-512) at a time in registers. Measured (docs/decisions.md): on an AVX2 CPU (Zen 1),
   1.2-1.7x faster than oneDNN for 1-32 rows in float32 and 2-3.5x faster
   than oneDNN's float32 product of 16-bit weights; on an AVX-512 CPU with
-  AMX, 1.1-3.6x faster for 1-16 rows in float32; there bfloat16 products of up
+  AMX, 1.4-2.1x faster for 2-16 rows in float32 and level to 32 rows
+  (about level for one row); there bfloat16 products of up
   to 32 rows run on AMX tiles, the weight read as it lies (1.2-2.9x oneDNN's
   bfloat16 product). Where the kernel cannot run (no AVX2/FMA/F16C, no compiler,
   ``HWPLUG_NATIVE_KERNELS=0``, a weight whose rows are not contiguous) it
@@ -107,9 +108,9 @@ def _upcast(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) ->
     return out.to(x.dtype)
 
 
-_NATIVE_AVX512_ROWS = 24
+_NATIVE_AVX512_ROWS = 32
 """Float32 rows the kernel takes where it was built for AVX-512 (oneDNN's AVX-512 GEMM
-catches up at 24-32 rows)."""
+catches up at 32-40 rows since the kernel's 8-row tiles)."""
 _NATIVE_16BIT_ROWS = 4
 """Rows of a 16-bit weight the kernel takes where oneDNN multiplies that dtype natively
 (on AMX, oneDNN was faster from 8 rows)."""
@@ -126,7 +127,7 @@ def native_linear_rows(dtype: torch.dtype) -> int:
     Where the two cross was measured (docs/decisions.md): with AVX2 only, oneDNN's
     blocked GEMM catches up between 64 and 128 rows, so the kernel takes up to
     :data:`~hwplug.kernels.cpu_linear.NATIVE_LINEAR_MAX_ROWS`; on a CPU with
-    AVX-512, about 24 rows in float32; and a 16-bit weight on a CPU where oneDNN
+    AVX-512, about 32 rows in float32; and a 16-bit weight on a CPU where oneDNN
     multiplies that dtype natively (AVX-512 BF16/FP16, AMX) goes to oneDNN beyond
     4 rows. A 16-bit weight without native oneDNN kernels stays on the kernel up to
     the maximum: oneDNN would compute it in float32 from converted pieces. Where the

@@ -4,10 +4,13 @@
  * converted copy. Decoding multiplies a handful of rows by every weight of
  * the model on each step; a GEMM library either repacks the weight into its
  * blocked layout on every call or keeps a packed second copy. Here each
- * weight row is read once per four rows of x and multiplied in registers:
- * tiles of up to 4 rows of x by 3 rows of w, 8 lanes of k at a time with
- * FMAs (16 with AVX-512), summed across lanes at the end (16-bit weights
- * widened in registers).
+ * weight row is read once per MR rows of x and multiplied in registers:
+ * tiles of up to MR rows of x by NR rows of w (8 x 3 with AVX-512's 32
+ * registers, 4 x 3 with AVX2's 16), LANES lanes of k at a time with FMAs,
+ * the tile's lane sums taken together at the end (16-bit weights widened in
+ * registers). While a tile is multiplied, the next tile's weight rows are
+ * prefetched into L2, spread over the passes of x's rows, so that the
+ * memory reads of the weight overlap the arithmetic instead of following it.
  *
  * Built on first use by hwplug.kernels.native with the system C compiler.
  * The vector path needs AVX2, FMA and F16C (-march=native on such a CPU);
@@ -20,7 +23,7 @@
  *   w    [N, K] in `kind` (0 float32, 1 bfloat16, 2 float16), row stride ldw
  *   bias [N] float32 or NULL
  *   y    [M, N] float32, row stride ldy
- * Work is split over tiles of 3 output features (OpenMP, `threads` threads);
+ * Work is split over tiles of NR output features (OpenMP, `threads` threads);
  * every product is summed in float32.
  */
 #include <stddef.h>
@@ -33,7 +36,13 @@ int hwplug_linear_version(void) { return 2; }
 #if defined(HWPLUG_SIMD)
 
 enum { KIND_F32 = SIMD_F32, KIND_BF16 = SIMD_BF16, KIND_F16 = SIMD_F16 };
+#if defined(__AVX512F__) /* 24 accumulators of the 32 registers */
+enum { MR = 8, NR = 3 };
+#else /* 12 of the 16 */
 enum { MR = 4, NR = 3 };
+#endif
+/* the accumulators, rounded up to whole groups of LANES for lane_sums */
+enum { NACC = (MR * NR + LANES - 1) / LANES * LANES };
 
 static inline __attribute__((always_inline)) float load1(const void *w, int64_t i, int kind) {
     if (kind == KIND_F32) {
@@ -48,36 +57,51 @@ static inline __attribute__((always_inline)) float load1(const void *w, int64_t 
 }
 
 /* rows x cols outputs; rows, cols and kind are constants where it is inlined, so the
- * accumulators live in registers (4 x 3 of them, 3 weight vectors, 1 row of x) */
+ * accumulators live in registers (MR x NR of them, NR weight vectors, 1 row of x).
+ * `next` (or NULL) is the weight of the tile after this one: its rows `ahead`,
+ * ahead + `stride`, ... below `next_cols` are prefetched into L2 as k goes. */
 static inline __attribute__((always_inline)) void tile(
-    int rows, int cols, int kind, int prefetch, const float *x, int64_t ldx, const void *w,
-    int64_t ldw, int64_t K, const float *bias, float *y, int64_t ldy) {
+    int rows, int cols, int kind, const char *next, int next_cols, int ahead, int stride,
+    const float *x, int64_t ldx, const void *w, int64_t ldw, int64_t K, const float *bias,
+    float *y, int64_t ldy) {
     const int64_t item = kind == KIND_F32 ? 4 : 2;
-    vec acc[MR][NR];
-    for (int i = 0; i < rows; i++) {
-        for (int j = 0; j < cols; j++) {
-            acc[i][j] = VZERO();
-        }
+    vec acc[NACC];
+    for (int i = 0; i < NACC; i++) {
+        acc[i] = VZERO();
     }
     int64_t k = 0;
     for (; k + LANES <= K; k += LANES) {
+        if (next) {
+            for (int r = ahead; r < next_cols; r += stride) {
+                _mm_prefetch(next + (r * ldw + k) * item, _MM_HINT_T1);
+            }
+        }
         vec b[NR];
         for (int j = 0; j < cols; j++) {
-            if (prefetch) { /* the weight comes from memory once: ask for it ahead */
-                _mm_prefetch((const char *)w + (j * ldw + k) * item + 512, _MM_HINT_T0);
-            }
             b[j] = load_widened(w, j * ldw + k, kind);
         }
         for (int i = 0; i < rows; i++) {
             vec a = VLOAD(x + i * ldx + k);
             for (int j = 0; j < cols; j++) {
-                acc[i][j] = VFMA(a, b[j], acc[i][j]);
+                acc[i * NR + j] = VFMA(a, b[j], acc[i * NR + j]);
             }
+        }
+    }
+    /* a few sums one by one, more a group of LANES at a time (the groups in use) */
+    float sums[NACC];
+    const int used = (rows - 1) * NR + cols;
+    for (int i = 0; i < used; i += LANES) {
+        if (used <= 4) {
+            for (int j = 0; j < used; j++) {
+                sums[j] = lane_sum(acc[j]);
+            }
+        } else {
+            VSTORE(sums + i, lane_sums(acc + i));
         }
     }
     for (int i = 0; i < rows; i++) {
         for (int j = 0; j < cols; j++) {
-            float s = lane_sum(acc[i][j]);
+            float s = sums[i * NR + j];
             for (int64_t t = k; t < K; t++) {
                 s += x[i * ldx + t] * load1(w, j * ldw + t, kind);
             }
@@ -86,26 +110,36 @@ static inline __attribute__((always_inline)) void tile(
     }
 }
 
-typedef void (*tile_fn)(int, const float *, int64_t, const void *, int64_t, int64_t,
-                        const float *, float *, int64_t);
+typedef void (*tile_fn)(const char *, int, int, int, const float *, int64_t, const void *,
+                        int64_t, int64_t, const float *, float *, int64_t);
 
 #define TILE(KIND, ROWS, COLS)                                                                 \
-    static void tile_##KIND##_##ROWS##_##COLS(int prefetch, const float *x, int64_t ldx,       \
-                                              const void *w, int64_t ldw, int64_t K,           \
-                                              const float *bias, float *y, int64_t ldy) {      \
-        tile(ROWS, COLS, KIND, prefetch, x, ldx, w, ldw, K, bias, y, ldy);                     \
+    static void tile_##KIND##_##ROWS##_##COLS(                                                 \
+        const char *next, int next_cols, int ahead, int stride, const float *x, int64_t ldx,   \
+        const void *w, int64_t ldw, int64_t K, const float *bias, float *y, int64_t ldy) {     \
+        tile(ROWS, COLS, KIND, next, next_cols, ahead, stride, x, ldx, w, ldw, K, bias, y,     \
+             ldy);                                                                             \
     }
 #define TILE_ROWS(KIND, ROWS) TILE(KIND, ROWS, 1) TILE(KIND, ROWS, 2) TILE(KIND, ROWS, 3)
+#define ROW_FNS(KIND, ROWS) \
+    {tile_##KIND##_##ROWS##_1, tile_##KIND##_##ROWS##_2, tile_##KIND##_##ROWS##_3}
+#if defined(__AVX512F__)
+#define TILE_KIND(KIND)                                                                        \
+    TILE_ROWS(KIND, 1) TILE_ROWS(KIND, 2) TILE_ROWS(KIND, 3) TILE_ROWS(KIND, 4)                \
+    TILE_ROWS(KIND, 5) TILE_ROWS(KIND, 6) TILE_ROWS(KIND, 7) TILE_ROWS(KIND, 8)
+#define KIND_FNS(KIND)                                                                         \
+    {ROW_FNS(KIND, 1), ROW_FNS(KIND, 2), ROW_FNS(KIND, 3), ROW_FNS(KIND, 4),                   \
+     ROW_FNS(KIND, 5), ROW_FNS(KIND, 6), ROW_FNS(KIND, 7), ROW_FNS(KIND, 8)}
+#else
 #define TILE_KIND(KIND) \
     TILE_ROWS(KIND, 1) TILE_ROWS(KIND, 2) TILE_ROWS(KIND, 3) TILE_ROWS(KIND, 4)
+#define KIND_FNS(KIND) \
+    {ROW_FNS(KIND, 1), ROW_FNS(KIND, 2), ROW_FNS(KIND, 3), ROW_FNS(KIND, 4)}
+#endif
 TILE_KIND(0)
 TILE_KIND(1)
 TILE_KIND(2)
 
-#define ROW_FNS(KIND, ROWS) \
-    {tile_##KIND##_##ROWS##_1, tile_##KIND##_##ROWS##_2, tile_##KIND##_##ROWS##_3}
-#define KIND_FNS(KIND) \
-    {ROW_FNS(KIND, 1), ROW_FNS(KIND, 2), ROW_FNS(KIND, 3), ROW_FNS(KIND, 4)}
 static const tile_fn TILES[3][MR][NR] = {KIND_FNS(0), KIND_FNS(1), KIND_FNS(2)};
 
 /* the lanes of k the kernel multiplies at a time (0: no vector path) */
@@ -124,11 +158,17 @@ int hwplug_linear(const float *x, int64_t M, int64_t K, int64_t ldx, const void 
         const int64_t n0 = t * NR;
         const int cols = (int)(N - n0 < NR ? N - n0 : NR);
         const char *wt = (const char *)w + (size_t)(n0 * ldw) * item;
+        /* the next tile's rows are prefetched while this one is multiplied, one share of
+         * them in each pass over x's rows */
+        const int64_t after = N - n0 - NR;
+        const int next_cols = (int)(after < NR ? after : NR);
+        /* (one row of x is better left to the hardware prefetcher) */
+        const char *next = next_cols > 0 && M > 1 ? wt + (size_t)(NR * ldw) * item : NULL;
+        const int passes = (int)((M + MR - 1) / MR);
         for (int64_t m0 = 0; m0 < M; m0 += MR) {
             const int rows = (int)(M - m0 < MR ? M - m0 : MR);
-            /* prefetching the weight rows ahead pays where several rows of x share them
-             * (one row is better left to the hardware prefetcher) */
-            TILES[kind][rows - 1][cols - 1](M >= 4, x + m0 * ldx, ldx, wt, ldw, K,
+            TILES[kind][rows - 1][cols - 1](next, next_cols, (int)(m0 / MR), passes,
+                                            x + m0 * ldx, ldx, wt, ldw, K,
                                             bias ? bias + n0 : NULL, y + m0 * ldy + n0, ldy);
         }
     }
