@@ -133,6 +133,8 @@ RANK_SCRIPT = textwrap.dedent(
     plat.destroy_distributed()
     out["after"] = dist.is_initialized()
     print(json.dumps(out), flush=True)
+    if rank == 0:  # rank 0 serves the store: it exits last, once the test says so
+        sys.stdin.read()
     """
 )
 
@@ -144,6 +146,7 @@ def test_two_cpu_ranks_run_every_collective_over_gloo() -> None:
         procs = [
             subprocess.Popen(
                 [sys.executable, "-c", RANK_SCRIPT, str(rank), str(port)],
+                stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
                 text=True,
@@ -152,9 +155,11 @@ def test_two_cpu_ranks_run_every_collective_over_gloo() -> None:
         ]
         results = []
         try:
-            for proc in procs:
+            # rank 1 first: rank 0 hosts the TCP store and leaves after every client has
+            # (gloo's threads torn down under a connected client can abort at exit)
+            for proc in reversed(procs):
                 out, err = proc.communicate(timeout=120)
-                results.append((proc.returncode, out, err))
+                results.insert(0, (proc.returncode, out, err))
         finally:
             for proc in procs:
                 if proc.poll() is None:
