@@ -90,12 +90,12 @@ static inline __attribute__((always_inline)) void tile(
     /* a few sums one by one, more a group of LANES at a time (the groups in use) */
     float sums[NACC];
     const int used = (rows - 1) * NR + cols;
-    for (int i = 0; i < used; i += LANES) {
-        if (used <= 4) {
-            for (int j = 0; j < used; j++) {
-                sums[j] = lane_sum(acc[j]);
-            }
-        } else {
+    if (used <= 4) {
+        for (int i = 0; i < used; i++) {
+            sums[i] = lane_sum(acc[i]);
+        }
+    } else {
+        for (int i = 0; i < used; i += LANES) {
             VSTORE(sums + i, lane_sums(acc + i));
         }
     }
