@@ -7,8 +7,8 @@ layout is faster but keeps a second copy (or loses in-place updates of the
 weight). This kernel reads the weight as it lies, row-major 32- or 16-bit
 floats (16-bit widened in registers, no float32 copy), four rows of the
 input at a time (eight with AVX-512), the next weight rows prefetched while
-the current ones are multiplied, so an update of the weight is seen by the next call and
-no copy is kept. Products are summed in float32.
+the current ones are multiplied, so an update of the weight is seen by the
+next call and no copy is kept. Products are summed in float32.
 
 It needs a CPU with AVX2, FMA and F16C (the library is built with
 ``-march=native``; on a CPU with AVX-512F it uses 512-bit registers);

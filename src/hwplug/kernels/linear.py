@@ -8,12 +8,12 @@ their platform gives (``Platform.linear_backend``):
   up to :func:`native_linear_rows` rows (decoding steps; how many depends on the
   CPU and the dtype), oneDNN's inner product beyond (prefills). The kernel
   reads 32- and 16-bit weights as they lie and multiplies four rows (eight
-  with AVX-512) at a time in registers. Measured (docs/decisions.md): on an AVX2 CPU (Zen 1),
-  1.2-1.7x faster than oneDNN for 1-32 rows in float32 and 2-3.5x faster
-  than oneDNN's float32 product of 16-bit weights; on an AVX-512 CPU with
-  AMX, 1.4-2.1x faster for 2-16 rows in float32 and level to 32 rows
-  (about level for one row); there bfloat16 products of up
-  to 32 rows run on AMX tiles, the weight read as it lies (1.2-2.9x oneDNN's
+  with AVX-512) at a time in registers. Measured (docs/decisions.md): on an
+  AVX2 CPU (Zen 1), 1.2-1.7x faster than oneDNN for 1-32 rows in float32 and
+  2-3.5x faster than oneDNN's float32 product of 16-bit weights; on an
+  AVX-512 CPU with AMX, 1.4-2.1x faster for 2-16 rows in float32 and level
+  to 32 rows (about level for one row); there bfloat16 products of up to 32
+  rows run on AMX tiles, the weight read as it lies (1.2-2.9x oneDNN's
   bfloat16 product). Where the kernel cannot run (no AVX2/FMA/F16C, no compiler,
   ``HWPLUG_NATIVE_KERNELS=0``, a weight whose rows are not contiguous) it
   is ``"onednn"``;

@@ -5,9 +5,9 @@ table (:mod:`hwplug.kernels.cpu_decode`) and few-row linears read straight
 from a 32- or 16-bit weight (:mod:`hwplug.kernels.cpu_linear`). Their C
 sources (and the headers they share: ``simd.h``, the vector width, and
 ``bfloat16.h``, its conversions) ship in the wheel and are compiled together,
-on first use, into one shared library with the system's C compiler (``$CC``, else ``cc``, ``gcc``
-or ``clang``; ``-O3 -march=native`` and OpenMP when the compiler has them),
-cached in ``$XDG_CACHE_HOME/hwplug/kernels`` (default
+on first use, into one shared library with the system's C compiler (``$CC``,
+else ``cc``, ``gcc`` or ``clang``; ``-O3 -march=native`` and OpenMP when the
+compiler has them), cached in ``$XDG_CACHE_HOME/hwplug/kernels`` (default
 ``~/.cache/hwplug/kernels``; a temporary directory when that is not
 writable) under a key of the sources, the compiler, its flags and the CPU,
 and loaded with :mod:`ctypes`. A later process loads the built library.
