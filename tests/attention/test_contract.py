@@ -358,6 +358,20 @@ def test_forward_rejects_bad_metadata(fields: dict[str, Any], message: str) -> N
         call(with_metadata(**fields))
 
 
+def test_metadata_checked_for_one_layer_is_checked_again_for_other_rows_or_other_metadata() -> None:
+    """A step's layers share its metadata, checked once; the same metadata with a query of
+    other rows, or other metadata, is checked afresh."""
+    impl = TorchAttentionBackend(4, 32, 2, 0.1)
+    args = good()
+    impl.forward(**args)
+    short = {**args, **{name: args[name][:2] for name in ("query", "key", "value")}}
+    with pytest.raises(ValueError, match=r"one slot per query row \(2\); got 3"):
+        impl.forward(**short)
+    bad = with_metadata(slot_mapping=torch.tensor([0, 1, 2, 3], dtype=torch.int64))
+    with pytest.raises(ValueError, match=r"one slot per query row \(3\); got 4"):
+        impl.forward(**{**args, "metadata": bad["metadata"]})
+
+
 def test_metadata_on_another_device_is_rejected() -> None:
     args = good()
     args["metadata"] = args["metadata"].to("meta")

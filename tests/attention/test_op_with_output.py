@@ -37,6 +37,35 @@ def test_out_gets_the_same_values_as_the_returning_op() -> None:
     assert torch.equal(first[0], second[0]) and torch.equal(first[1], second[1])
 
 
+def test_a_buffer_over_the_query_or_of_another_dtype_still_gets_the_answer() -> None:
+    """The backend writes straight into the buffer only where that is safe: a buffer
+    that is the query itself (read to the end) or of another dtype gets a copy."""
+    batch = make_batch(
+        [9, 5, 3],
+        [1, 1, 1],
+        num_heads=HEADS,
+        num_kv_heads=KV_HEADS,
+        head_size=HEAD_SIZE,
+        block_size=4,
+    )
+    caches = [(batch.key_cache.clone(), batch.value_cache.clone()) for _ in range(3)]
+    args = (batch.key, batch.value)
+    want = unified_attention(
+        batch.query, *args, *caches[0], batch.metadata, backend="torch", scale=0.5
+    )
+    query = batch.query.clone()
+    got = unified_attention(
+        query, *args, *caches[1], batch.metadata, backend="torch", scale=0.5, out=query
+    )
+    assert got is query
+    torch.testing.assert_close(query, want)
+    wide = torch.empty(batch.query.shape, dtype=torch.float64)
+    unified_attention(
+        batch.query, *args, *caches[2], batch.metadata, backend="torch", scale=0.5, out=wide
+    )
+    torch.testing.assert_close(wide, want.double())
+
+
 class Layer(torch.nn.Module):
     def __init__(self) -> None:
         super().__init__()

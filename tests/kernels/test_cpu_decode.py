@@ -7,6 +7,7 @@ where it must say why and leave the torch backend on its gather path.
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import subprocess
@@ -547,3 +548,87 @@ def test_a_16_bit_model_attends_alike_with_and_without_the_kernel(
     resolution = torch.finfo(dtype).eps
     torch.testing.assert_close(native, gathered, atol=2 * resolution, rtol=2 * resolution)
     assert not native[-2:].any(), "padding rows stay zero"
+
+
+# ---------------------------------------------------------------------------
+# The step's rows, stored by the kernel's own call
+# ---------------------------------------------------------------------------
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    lens=st.lists(st.tuples(st.integers(1, 40), st.integers(1, 5)), min_size=1, max_size=5),
+    dtype=st.sampled_from([torch.float32, torch.bfloat16]),
+    block_size=st.sampled_from([1, 4, 16]),
+    padding=st.integers(0, 3),
+    transposed=st.booleans(),
+    seed=st.integers(0, 2**16),
+)
+def test_the_step_s_rows_land_in_the_caches_as_the_reference_writes_them(
+    lens: list[tuple[int, int]],
+    dtype: torch.dtype,
+    block_size: int,
+    padding: int,
+    transposed: bool,
+    seed: int,
+) -> None:
+    """Where the kernel stores the step's keys and values itself (a cache in the model's
+    dtype), every slot it stores, and every other, ends as the gather path (the reference
+    write) leaves it: decodes and prefills mixed, padding rows not stored, and keys that
+    are not contiguous taking the reference write."""
+    seq_lens = [n + q - 1 for n, q in lens]
+    query_lens = [1 if i % 2 == 0 else q for i, (_, q) in enumerate(lens)]
+    seq_lens = [max(s, q) for s, q in zip(seq_lens, query_lens)]
+    batch = make_batch(
+        seq_lens,
+        query_lens,
+        num_heads=4,
+        num_kv_heads=2,
+        head_size=64,
+        block_size=block_size,
+        dtype=dtype,
+        padding=padding,
+        seed=seed,
+    )
+    key, value = batch.key, batch.value
+    if transposed:  # same values, other strides
+        key = key.transpose(0, 1).contiguous().transpose(0, 1)
+    impl = TorchAttentionBackend(4, 64, 2, 0.125)
+    caches = [(batch.key_cache.clone(), batch.value_cache.clone()) for _ in range(2)]
+    args = (batch.query, key, value)
+    native = impl.forward(*args, *caches[0], batch.metadata)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("HWPLUG_NATIVE_KERNELS", "0")
+        gathered = impl.forward(*args, *caches[1], batch.metadata)
+    assert torch.equal(caches[0][0], caches[1][0]) and torch.equal(caches[0][1], caches[1][1])
+    rows = sum(query_lens)
+    tolerance = 2e-6 if dtype == torch.float32 else 2 * torch.finfo(dtype).eps
+    torch.testing.assert_close(native[:rows], gathered[:rows], atol=tolerance, rtol=tolerance)
+
+
+def test_rows_stored_by_the_kernel_are_refused_where_it_cannot_store_them() -> None:
+    query, key_cache, value_cache, table, lens = _pages(
+        [5, 9], heads=4, kv_heads=2, head_size=64, block_size=4
+    )
+    rows = torch.randn(2, 2, 64)
+    slots = torch.tensor([3, 20])
+    run = functools.partial(cpu_decode.run, query, scale=0.1, sliding_window=None)
+    codes = key_cache.to(torch.float8_e4m3fn), value_cache.to(torch.float8_e4m3fn)
+    with pytest.raises(ValueError, match="cache's own dtype"):
+        run(*codes, table, lens, write=(rows.to(codes[0].dtype), rows.to(codes[0].dtype), slots))
+    with pytest.raises(ValueError, match="cache's own dtype"):
+        run(key_cache, value_cache, table, lens, write=(rows.double(), rows.double(), slots))
+    with pytest.raises(ValueError, match="contiguous rows"):
+        run(key_cache, value_cache, table, lens, write=(rows.transpose(1, 2), rows, slots))
+    with pytest.raises(ValueError, match="int64 slot"):
+        run(key_cache, value_cache, table, lens, write=(rows, rows, slots.int()))
+    with pytest.raises(ValueError, match="one row per int64 slot"):
+        run(key_cache, value_cache, table, lens, write=(rows, rows, slots[:1]))
+    other = value_cache.transpose(0, 1).contiguous().transpose(0, 1)
+    with pytest.raises(ValueError, match="one layout"):
+        run(key_cache, other, table, lens, write=(rows, rows, slots))
+    before = key_cache.clone()
+    run(key_cache, value_cache, table, lens, write=(rows, rows, torch.tensor([-1, 20])))
+    flat = key_cache.view(-1, 2, 64)
+    assert torch.equal(flat[20], rows[1]), "slot 20 is stored"
+    assert torch.equal(flat[:20], before.view(-1, 2, 64)[:20]), "a negative slot is not"

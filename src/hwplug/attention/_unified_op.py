@@ -14,6 +14,7 @@ from hwplug.attention.call import AttentionCall
 from hwplug.attention.context import step_for
 from hwplug.attention.metadata import AttentionMetadata
 from hwplug.attention.registry import get_backend
+from hwplug.kernels.paged_kv import shares_memory
 
 __all__ = [
     "OP",
@@ -100,11 +101,45 @@ def _attend(
     scale: float,
     sliding_window: int | None,
 ) -> torch.Tensor:
-    """Write the step's keys and values, then attend, with the backend called ``backend``.
+    """Write the step's keys and values, then attend, with the backend called ``backend``."""
+    return _run(
+        query,
+        key,
+        value,
+        key_cache,
+        value_cache,
+        query_start_loc,
+        seq_lens,
+        block_table,
+        slot_mapping,
+        k_scale,
+        v_scale,
+        backend,
+        scale,
+        sliding_window,
+        None,
+    )
 
-    The body of both ops (``unified_attention_with_output`` calls it directly:
-    one dispatch through torch's op machinery, not two).
-    """
+
+def _run(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    seq_lens: torch.Tensor,
+    block_table: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    k_scale: torch.Tensor,
+    v_scale: torch.Tensor,
+    backend: str,
+    scale: float,
+    sliding_window: "int | None",
+    out: "torch.Tensor | None",
+) -> torch.Tensor:
+    """The body of both ops (``unified_attention_with_output`` calls it directly, with its
+    buffer as ``out``: one dispatch through torch's op machinery, not two)."""
     metadata = AttentionMetadata(query_start_loc, seq_lens, block_table, slot_mapping)
     # the step the engine prepared (forward_context), when it is this step's metadata
     step = step_for(metadata)
@@ -117,6 +152,7 @@ def _attend(
         metadata if step is None else step,
         k_scale,
         v_scale,
+        out,
     )
     return _backend(backend, call, scale, sliding_window).forward_call(call)
 
@@ -167,23 +203,32 @@ def _attend_into(
             "hwplug::unified_attention_with_output: output must have the query's shape "
             f"{list(query.shape)}; got {list(output.shape)}"
         )
-    output.copy_(
-        _attend(
-            query,
-            key,
-            value,
-            key_cache,
-            value_cache,
-            query_start_loc,
-            seq_lens,
-            block_table,
-            slot_mapping,
-            k_scale,
-            v_scale,
-            backend,
-            scale,
-            sliding_window,
-        )
+    result = _run(
+        query,
+        key,
+        value,
+        key_cache,
+        value_cache,
+        query_start_loc,
+        seq_lens,
+        block_table,
+        slot_mapping,
+        k_scale,
+        v_scale,
+        backend,
+        scale,
+        sliding_window,
+        output if _takes(output, query) else None,
+    )
+    if result is not output:  # (a backend that made a tensor of its own)
+        output.copy_(result)
+
+
+def _takes(output: torch.Tensor, query: torch.Tensor) -> bool:
+    """Whether the backend may write its result straight into ``output``: the query's
+    dtype, contiguous, and not over the query (which attention reads to the end)."""
+    return (
+        output.dtype == query.dtype and output.is_contiguous() and not shares_memory(output, query)
     )
 
 

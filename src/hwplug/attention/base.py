@@ -14,6 +14,7 @@ imports torch (resolution runs torch-free); the constructor and
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import numbers
 from collections.abc import Collection
@@ -83,6 +84,10 @@ class AttentionBackend:
     """Unique lower-case name, the value of ``attention.backend``."""
     graph_support: ClassVar[AttentionGraphSupport] = AttentionGraphSupport.NEVER
     """How much of a batch can run inside a full device graph."""
+
+    _checked_metadata: tuple[AttentionMetadata, int] | None = None
+    """The metadata :meth:`check_inputs` last checked, and for how many rows: the layers
+    of a step share one frozen metadata, checked for the first of them."""
 
     # -- what the backend serves (data read by problem()) --------------------
     device_types: ClassVar[tuple[str, ...] | None] = None
@@ -372,7 +377,6 @@ class AttentionBackend:
 
         :raises ValueError: the first problem found, naming the argument.
         """
-        import torch
 
         # lazy: torch; `import hwplug` (which lists the backends) stays light
         from hwplug.kernels.paged_kv import shares_memory
@@ -386,8 +390,7 @@ class AttentionBackend:
         layout = "[num_tokens, num_kv_heads, head_size]"
         _check_tensor("key", key, (n, kvh, d), layout)
         _check_tensor("value", value, (n, kvh, d), layout)
-        allowed = tuple(getattr(torch, name) for name in _INPUT_DTYPE_NAMES)
-        if query.dtype not in allowed:
+        if query.dtype not in _input_dtypes():
             raise ValueError(
                 f"query dtype must be one of {', '.join(_INPUT_DTYPE_NAMES)}; got "
                 f"{_dtype_name(query.dtype)}"
@@ -420,7 +423,11 @@ class AttentionBackend:
                 "metadata must be an AttentionMetadata or what prepare() returned; got "
                 f"{type(metadata).__name__}"
             )
-        metadata.check(num_tokens=n)
+        # a step's layers share its metadata, which is frozen: checked for the first of them
+        checked = self._checked_metadata
+        if checked is None or checked[0] is not metadata or checked[1] != n:
+            metadata.check(num_tokens=n)
+            self._checked_metadata = (metadata, n)  # (one attribute: threads see either)
         devices = {
             "query": query.device,
             "key": key.device,
@@ -434,6 +441,13 @@ class AttentionBackend:
             raise ValueError(f"all tensors must be on one device; got {listing}")
 
 
+@functools.cache
+def _input_dtypes() -> tuple[torch.dtype, ...]:
+    import torch
+
+    return tuple(getattr(torch, name) for name in _INPUT_DTYPE_NAMES)
+
+
 def _dtype_name(dtype: object) -> str:
     return str(dtype).removeprefix("torch.")
 
@@ -443,9 +457,13 @@ def _check_tensor(name: str, t: object, shape: tuple[int | None, ...], layout: s
 
     if not isinstance(t, torch.Tensor):
         raise ValueError(f"{name} must be a torch.Tensor of shape {layout}; got {type(t).__name__}")
-    if t.dim() != len(shape) or any(
-        want is not None and got != want for got, want in zip(t.shape, shape)
-    ):
+    got = t.shape
+    wrong = len(got) != len(shape)
+    if not wrong:
+        for size, want in zip(got, shape):
+            if want is not None and size != want:
+                wrong = True
+    if wrong:
         expected = ", ".join("*" if s is None else str(s) for s in shape)
         raise ValueError(f"{name} must have shape {layout} = [{expected}]; got {list(t.shape)}")
 

@@ -31,8 +31,11 @@ class AttentionCall:
     num_kv_heads, head_size]``; ``step`` the step's
     :class:`~hwplug.attention.AttentionMetadata` or what the backend's
     ``prepare`` returned for it; ``k_scale`` and ``v_scale`` floats or 0-d
-    float32 tensors (never read back to the host). Compared by identity (it
-    holds tensors); change a field with :func:`dataclasses.replace`.
+    float32 tensors (never read back to the host); ``out`` None, or a buffer
+    of the query's shape and dtype the caller would like the result written
+    into (a backend may use it or return a tensor of its own: callers take
+    what ``attend`` returns). Compared by identity (it holds tensors); change
+    a field with :func:`dataclasses.replace`.
     """
 
     query: torch.Tensor
@@ -43,6 +46,7 @@ class AttentionCall:
     step: Any
     k_scale: float | torch.Tensor = 1.0
     v_scale: float | torch.Tensor = 1.0
+    out: torch.Tensor | None = None
 
     @property
     def metadata(self) -> AttentionMetadata:

@@ -64,7 +64,6 @@ class TorchAttentionBackend(AttentionBackend):
 
         # lazy: torch; `import hwplug` (which lists the backends) stays light
         from hwplug.kernels import reference
-        from hwplug.kernels.formats import FP8_FORMATS
 
         query, key_cache, value_cache = call.query, call.key_cache, call.value_cache
         k_scale, v_scale = call.k_scale, call.v_scale
@@ -77,22 +76,22 @@ class TorchAttentionBackend(AttentionBackend):
                 block_size=int(key_cache.shape[1]),
             )
         )
-        reference.write_slots(plan.written(call.key), key_cache, plan.write_slots, k_scale)
-        reference.write_slots(plan.written(call.value), value_cache, plan.write_slots, v_scale)
+        route = plan.route(query, key_cache, value_cache)
+        in_place, direct, fp8, compute = route.in_place, route.direct, route.fp8, route.compute
+        # the native kernel stores the step's rows itself, in the same call, where it can
+        # store them as they are (the cache's own dtype, rows contiguous)
+        fused = route.stores_rows and call.key.is_contiguous() and call.value.is_contiguous()
+        if not fused:
+            reference.write_slots(plan.written(call.key), key_cache, plan.write_slots, k_scale)
+            reference.write_slots(plan.written(call.value), value_cache, plan.write_slots, v_scale)
 
         # every row of the step's tokens is written below; padding rows past them are zero
-        out = torch.empty_like(query)
+        out = call.out if call.out is not None else torch.empty_like(query)
         if plan.total < out.shape[0]:
             out[plan.total :].zero_()
-        fp8 = key_cache.dtype in FP8_FORMATS
-        compute = _compute_dtype(query)
         window = self.sliding_window
-        in_place = bool(plan.decode_lens) and _reads_pages_in_place(query, key_cache, plan)
-        # the native kernel takes a float32 or bfloat16 query as it is (no conversion on
-        # either side); an fp8 cache's scaled query and float16 go through float32
-        direct = in_place and not fp8 and query.dtype in _native_query_dtypes()
         # prefills attend in the model's bfloat16 where the CPU multiplies it natively
-        prefill_dtype = _prefill_dtype(query, key_cache, compute)
+        prefill_dtype = route.prefill_dtype
         # the query in the decode dtype: for decoding rows the kernel does not take as they
         # are, and for prefills attending in that dtype
         queries = query
@@ -101,7 +100,6 @@ class TorchAttentionBackend(AttentionBackend):
             if fp8:
                 # q . (k * k_scale) == (q * k_scale) . k: scale the few queries, not the keys
                 queries = queries * _on(k_scale, queries)
-        pages = _Pages(key_cache, value_cache, plan.block_size, compute)
         if in_place:
             # one query token per sequence: the C kernel follows the block table, no gather
             from hwplug.kernels import cpu_decode
@@ -114,6 +112,7 @@ class TorchAttentionBackend(AttentionBackend):
                 target = out[:rows] if out.dtype == q.dtype else None
             else:
                 q, target = source.index_select(0, rows), None
+            total = plan.total
             result = cpu_decode.run(
                 q,
                 key_cache,
@@ -123,11 +122,17 @@ class TorchAttentionBackend(AttentionBackend):
                 scale=self.scale,
                 sliding_window=window,
                 out=target,
+                write=(call.key[:total], call.value[:total], plan.slots) if fused else None,
             )
             if not isinstance(rows, int):
                 out.index_copy_(0, rows, result.to(out.dtype))
             elif target is None:
                 out[:rows] = result
+        if in_place and not plan.prefills:
+            if fp8:
+                out *= _on(v_scale, out)
+            return out
+        pages = _Pages(key_cache, value_cache, plan.block_size, compute)
         for group in [] if in_place else plan.decode_groups(pages.row_bytes):
             k, v = pages.gather(group.index, group.size, group.longest)
             mask = group.mask(window)
@@ -277,6 +282,9 @@ class TorchAttentionStep(PreparedStep):
         """Their lengths, shortest first (the order of the gather path's decode groups)."""
         self._native: tuple[torch.Tensor | int, torch.Tensor, torch.Tensor] | None = None
         self._sorted: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+        self._routes: dict[tuple[object, ...], _Route] = {}
+        self.slots = metadata.slot_mapping[:total].contiguous()
+        """Every token's slot (negative: padding, not written)."""
 
         # rows whose key and value are written: the first `total`, but a negative slot
         real = slots[:total] >= 0
@@ -294,6 +302,17 @@ class TorchAttentionStep(PreparedStep):
             for b in range(len(seq_lens))
             if starts[b + 1] - starts[b] > 1
         ]
+
+    def route(
+        self, query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor
+    ) -> _Route:
+        """How this step's layers with this query and these caches attend (worked out for
+        the first such layer, then reused by the rest)."""
+        key = (query.dtype, query.device, key_cache.dtype, key_cache.stride(), value_cache.stride())
+        route = self._routes.get(key)
+        if route is None:
+            route = self._routes[key] = _Route(self, query, key_cache, value_cache)
+        return route
 
     def native_decode(self) -> tuple[torch.Tensor | int, torch.Tensor, torch.Tensor]:
         """The decoding sequences for the native CPU kernel, in batch order: their query rows
@@ -367,6 +386,37 @@ class TorchAttentionStep(PreparedStep):
             groups.append(_DecodeGroup(self, lo, len(self.decode_lens)))
         self._groups[row_bytes] = groups
         return groups
+
+
+class _Route:
+    """The paths one step's layers take for a query dtype and a cache: decode on the
+    native kernel (``in_place``), its query taken as it is (``direct``), the step's rows
+    stored by the kernel's own call (``stores_rows``), the dtypes of decode and prefill
+    attention."""
+
+    def __init__(
+        self,
+        step: TorchAttentionStep,
+        query: torch.Tensor,
+        key_cache: torch.Tensor,
+        value_cache: torch.Tensor,
+    ) -> None:
+        # lazy: torch; `import hwplug` (which lists the backends) stays light
+        from hwplug.kernels import cpu_decode
+        from hwplug.kernels.formats import FP8_FORMATS
+
+        self.fp8 = key_cache.dtype in FP8_FORMATS
+        self.compute = _compute_dtype(query)
+        self.in_place = bool(step.decode_lens) and _reads_pages_in_place(query, key_cache, step)
+        # the native kernel takes a float32 or bfloat16 query as it is (no conversion on
+        # either side); an fp8 cache's scaled query and float16 go through float32
+        self.direct = self.in_place and not self.fp8 and query.dtype in _native_query_dtypes()
+        self.stores_rows = (
+            self.direct
+            and key_cache.dtype == query.dtype
+            and cpu_decode.in_place_layout(key_cache, value_cache)
+        )
+        self.prefill_dtype = _prefill_dtype(query, key_cache, self.compute)
 
 
 class _Masked:

@@ -197,6 +197,7 @@ def run(
     scale: float,
     sliding_window: int | None,
     out: torch.Tensor | None = None,
+    write: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """The kernel on checked arguments (no value checks: the torch attention backend's
     ``prepare`` has made them): a float32 or bfloat16 ``query`` (see
@@ -204,7 +205,14 @@ def run(
     id in range and every length covered by its row. The result is in the query's
     dtype (a bfloat16 query is widened in the kernel, its result rounded to nearest
     even there: what ``.to(torch.bfloat16)`` of the float32 result gives), into ``out``
-    (contiguous, the query's shape and dtype) when given."""
+    (contiguous, the query's shape and dtype) when given.
+
+    ``write``: the step's new ``(keys, values, slots)``, stored in the caches by the
+    same call before anything is read: keys and values contiguous ``[rows, kv_heads,
+    head_size]`` in the cache's dtype (not fp8: its rows need scaling), int64
+    ``slots`` ``[rows]`` each in range or negative (a padding row, not stored). Row
+    ``i`` goes to slot ``slots[i]`` as :func:`hwplug.kernels.reference.write_slots`
+    stores it, without its dispatch of two ``index_copy_`` calls."""
     library = loaded()
     if isinstance(library, str):
         raise RuntimeError(f"the native paged decode kernel cannot run: {library}")
@@ -215,13 +223,36 @@ def run(
     lens = seq_lens.contiguous()
     if out is None:
         out = torch.empty(query.shape, dtype=query.dtype)
-    if n == 0:
+    if n == 0 and write is None:
         return out
     kind = _KINDS[key_cache.dtype]
     codes = _code_values(key_cache.dtype) if kind == 3 else None
-    if key_cache.stride() != value_cache.stride() or key_cache.stride(-1) != 1:
+    if not in_place_layout(key_cache, value_cache):
+        if write is not None:
+            raise ValueError(
+                "the native paged decode kernel stores rows only in caches of one layout "
+                "whose last dimension is contiguous"
+            )
         key_cache, value_cache = key_cache.contiguous(), value_cache.contiguous()
     strides = key_cache.stride()
+    new_keys = new_values = slots = None
+    rows = 0
+    if write is not None:
+        keys, values, slot_ids = write
+        if kind == 3 or keys.dtype != key_cache.dtype or values.dtype != key_cache.dtype:
+            raise ValueError(
+                "the native paged decode kernel stores rows in the cache's own dtype "
+                f"({key_cache.dtype}), not fp8; got {keys.dtype} and {values.dtype}"
+            )
+        if not (keys.is_contiguous() and values.is_contiguous() and slot_ids.is_contiguous()):
+            raise ValueError("the native paged decode kernel stores contiguous rows and slots")
+        if slot_ids.dtype != torch.int64 or keys.shape[0] != slot_ids.shape[0]:
+            raise ValueError(
+                "the native paged decode kernel stores one row per int64 slot; got "
+                f"{keys.shape[0]} rows and {slot_ids.shape[0]} {slot_ids.dtype} slots"
+            )
+        new_keys, new_values, slots = keys.data_ptr(), values.data_ptr(), slot_ids.data_ptr()
+        rows = slot_ids.shape[0]
     rc = library.hwplug_paged_decode(
         query.data_ptr(),
         _KINDS[query.dtype],
@@ -244,12 +275,23 @@ def run(
         float(scale),
         out.data_ptr(),
         torch.get_num_threads(),
+        new_keys,
+        new_values,
+        slots,
+        rows,
     )
     if rc == 1:
         raise MemoryError("the native paged decode kernel could not allocate its work buffers")
     if rc != 0:
         raise RuntimeError(f"the native paged decode kernel failed (status {rc})")
     return out
+
+
+def in_place_layout(key_cache: torch.Tensor, value_cache: torch.Tensor) -> bool:
+    """Whether the kernel reads (and stores into) these caches where they lie: the same
+    strides for both, the last dimension contiguous. Others are read from a contiguous
+    copy."""
+    return key_cache.stride() == value_cache.stride() and key_cache.stride(-1) == 1
 
 
 # -- loading ----------------------------------------------------------------------------------
@@ -275,4 +317,5 @@ def _declare(library: ctypes.CDLL) -> None:
         ptr, i64, ptr,  # block table, its row stride, lengths
         i64, i32, i32, i32, i32,  # n, kv heads, group, head size, block size
         i64, ctypes.c_float, ptr, i32,  # window, scale, out, threads
+        ptr, ptr, ptr, i64,  # new keys, new values, their slots, rows
     ]  # fmt: skip

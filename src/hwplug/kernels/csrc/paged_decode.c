@@ -15,6 +15,12 @@
  *          row that cover its length are read)
  *   lens   [n] int64 sequence lengths (the query is the last position)
  *   out    [n, kv_heads, group, head_size] in the query's kind, contiguous
+ *   new_keys, new_values  [rows, kv_heads, head_size] in the cache's kind,
+ *          contiguous, or NULL; slots [rows] int64
+ * When given, row i of the new keys and values is stored in cache slot
+ * slots[i] (block slots[i] / block_size, position slots[i] % block_size; a
+ * negative slot is a padding row, not stored) before anything is read: the
+ * step's writes and its decode attention are one call.
  * Each (sequence, key/value head) pair is one work item: its `group` query
  * rows attend to positions [max(0, len - window), len) with an online
  * softmax taken a page at a time, in float32 (a bfloat16 query is widened
@@ -363,18 +369,50 @@ static int vector_path(int kind, int group, int head_size) {
 #endif
 
 /* The version of this file's interface: the loader checks it. */
-int hwplug_paged_decode_version(void) { return 2; }
+int hwplug_paged_decode_version(void) { return 3; }
+
+/* Row i of `keys` and `values` ([rows, kv_heads, head_size] of `bytes` each) into slot
+ * slots[i] of the caches; negative slots are skipped. In order, on the calling thread:
+ * a few kilobytes a step, and a slot given twice keeps its last row, as the reference
+ * write does. */
+static void store_rows(const void *keys, const void *values, const int64_t *slots,
+                       int64_t rows, void *key_cache, void *value_cache, int bytes,
+                       int64_t block_stride, int64_t pos_stride, int64_t head_stride,
+                       int kv_heads, int head_size, int block_size) {
+    const int64_t row_bytes = (int64_t)kv_heads * head_size * bytes;
+    for (int64_t i = 0; i < rows; i++) {
+        const int64_t slot = slots[i];
+        if (slot < 0) continue;
+        const int64_t at = (slot / block_size) * block_stride + (slot % block_size) * pos_stride;
+        const char *k = (const char *)keys + i * row_bytes;
+        const char *v = (const char *)values + i * row_bytes;
+        for (int h = 0; h < kv_heads; h++) {
+            const int64_t to = (at + (int64_t)h * head_stride) * bytes;
+            const int64_t from = (int64_t)h * head_size * bytes;
+            memcpy((char *)key_cache + to, k + from, (size_t)head_size * bytes);
+            memcpy((char *)value_cache + to, v + from, (size_t)head_size * bytes);
+        }
+    }
+}
 
 /* Returns 0, or 1 when a work buffer could not be allocated, 2 for a block size over
- * MAX_BLOCK, 3 for a query kind other than float32 and bfloat16. */
-int hwplug_paged_decode(const void *query, int qkind, const void *key_cache,
-                        const void *value_cache, int kind, const float *lut,
-                        int64_t block_stride, int64_t pos_stride, int64_t head_stride,
-                        const int64_t *table, int64_t table_stride, const int64_t *lens,
-                        int64_t n, int kv_heads, int group, int head_size, int block_size,
-                        int64_t window, float scale, void *out, int threads) {
+ * MAX_BLOCK, 3 for a query kind other than float32 and bfloat16, 4 for new rows in a
+ * cache of fp8 codes (they need scaling: stored by the caller). */
+int hwplug_paged_decode(const void *query, int qkind, void *key_cache, void *value_cache,
+                        int kind, const float *lut, int64_t block_stride, int64_t pos_stride,
+                        int64_t head_stride, const int64_t *table, int64_t table_stride,
+                        const int64_t *lens, int64_t n, int kv_heads, int group, int head_size,
+                        int block_size, int64_t window, float scale, void *out, int threads,
+                        const void *new_keys, const void *new_values, const int64_t *slots,
+                        int64_t new_rows) {
     if (block_size > MAX_BLOCK) return 2;
     if (qkind != KIND_F32 && qkind != KIND_BF16) return 3;
+    if (new_keys != NULL && new_rows > 0) {
+        if (kind == KIND_CODES) return 4;
+        store_rows(new_keys, new_values, slots, new_rows, key_cache, value_cache,
+                   kind == KIND_F32 ? 4 : 2, block_stride, pos_stride, head_stride, kv_heads,
+                   head_size, block_size);
+    }
     /* work items: whole sequences, or parts of their heads when there are few sequences */
     int split = 1;
     while (split < kv_heads && n * split < 4 * (int64_t)threads) split *= 2;
