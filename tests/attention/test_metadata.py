@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from hwplug.attention import AttentionMetadata
 
@@ -105,3 +107,79 @@ def test_to_moves_every_tensor() -> None:
     tensors = (meta.query_start_loc, meta.seq_lens, meta.block_table, meta.slot_mapping)
     assert {t.device.type for t in tensors} == {"meta"}
     assert meta.query_lens == [1] and meta.seq_lens_cpu == [3]  # host values stay
+
+
+# -- small and large steps are checked alike -----------------------------------------------
+
+
+def _step_values(
+    lens: list[tuple[int, int]], block_size: int, first_block: int
+) -> tuple[list[int], list[int], list[list[int]], list[int]]:
+    """Query lengths, context lengths, tables and slots of sequences whose blocks are
+    numbered from ``first_block`` on."""
+    query_lens, seq_lens, tables, slots = [], [], [], []
+    block = first_block
+    for context, new in lens:
+        length = context + new
+        blocks = list(range(block, block + -(-length // block_size)))
+        block += len(blocks)
+        query_lens.append(new)
+        seq_lens.append(length)
+        tables.append(blocks)
+        slots += [
+            blocks[p // block_size] * block_size + p % block_size for p in range(context, length)
+        ]
+    return query_lens, seq_lens, tables, slots
+
+
+def _first_error(
+    query_lens: list[int],
+    seq_lens: list[int],
+    tables: list[list[int]],
+    slots: list[int],
+    num_blocks: int,
+    block_size: int,
+) -> str | None:
+    meta = AttentionMetadata.build(query_lens, seq_lens, tables, slots, device="cpu")
+    try:
+        meta.check_values(num_blocks, block_size)
+    except ValueError as error:
+        return str(error)
+    return None
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    lens=st.lists(st.tuples(st.integers(0, 40), st.integers(1, 6)), min_size=1, max_size=6),
+    block_size=st.sampled_from([1, 4, 16]),
+    fault=st.sampled_from(["none", "block", "slot past the cache", "slot elsewhere"]),
+    where=st.integers(0, 10**6),
+)
+def test_a_small_step_and_the_same_step_in_a_large_batch_give_the_same_first_error(
+    lens: list[tuple[int, int]], block_size: int, fault: str, where: int
+) -> None:
+    """Small steps are checked on Python lists, large ones with tensor ops: a fault in the
+    first sequences is reported alike when a thousand more sequences follow them."""
+    query_lens, seq_lens, tables, slots = _step_values(lens, block_size, 0)
+    used = sum(len(t) for t in tables)
+    extra = _step_values([(300, 1)] * 1000, block_size, used)
+    num_blocks = used + sum(len(t) for t in extra[2])
+    if fault == "block":
+        b = where % len(tables)
+        tables[b][where % len(tables[b])] = num_blocks + where % 3
+    elif fault == "slot past the cache":
+        slots[where % len(slots)] = num_blocks * block_size + where % 5
+    elif fault == "slot elsewhere":
+        row = where % len(slots)
+        slots[row] = (slots[row] + 1 + where % 7) % (num_blocks * block_size)
+    small = _first_error(query_lens, seq_lens, tables, slots, num_blocks, block_size)
+    large = _first_error(
+        query_lens + extra[0],
+        seq_lens + extra[1],
+        tables + extra[2],
+        slots + extra[3],
+        num_blocks,
+        block_size,
+    )
+    assert small == large
+    assert (small is None) == (fault == "none")

@@ -230,6 +230,21 @@ static void attend_one(const float *q, const void *key_cache, const void *value_
 #if defined(HWPLUG_SIMD)
 enum { MAX_VECTORS = 16, MAX_GROUP = 8 };
 
+/* Rows of heads [head, head + heads) at `count` positions from element `page` of `cache`
+ * fetched into L1 only, not into L2 or L3 (a non-temporal hint): the cache is read once
+ * a step, and left out of the shared cache it does not evict the weights there. */
+static inline void fetch_page(const void *cache, int64_t page, int count, int64_t pos_stride,
+                              int64_t head_stride, int head, int heads, int head_size,
+                              int bytes) {
+    const char *base = (const char *)cache;
+    for (int p = 0; p < count; p++) {
+        for (int h = 0; h < heads; h++) {
+            const char *row = base + (page + p * pos_stride + (int64_t)(head + h) * head_stride) * bytes;
+            for (int b = 0; b < head_size * bytes; b += 64) _mm_prefetch(row + b, _MM_HINT_NTA);
+        }
+    }
+}
+
 static int vector_path(int kind, int group, int head_size) {
     return kind != KIND_CODES && group <= MAX_GROUP && head_size % LANES == 0 &&
            head_size / LANES <= MAX_VECTORS;
@@ -274,10 +289,19 @@ attend_vec_shape(const float *q, const void *key_cache, const void *value_cache,
     float *acc = state.acc, *scores = state.scores;
     const int64_t first = first_seen(len, window);
     const vec scaled = VSET1(scale);
+    const int bytes = kind == KIND_F32 ? 4 : 2;
     for (int64_t start = first - first % block_size; start < len; start += block_size) {
         int count;
         const int64_t page =
             page_span(start, first, len, table, block_size, block_stride, pos_stride, &count);
+        int next_count = 0;
+        int64_t next_page = 0;
+        if (start + block_size < len) {
+            next_page = page_span(start + block_size, first, len, table, block_size,
+                                  block_stride, pos_stride, &next_count);
+            fetch_page(key_cache, next_page, next_count, pos_stride, head_stride, head, heads,
+                       head_size, bytes);
+        }
         /* scores: LANES positions at a time, their dot vectors summed lane-wise at once */
         for (int h = 0; h < heads; h++) {
             const float *qh = q + (int64_t)h * group * head_size;
@@ -306,6 +330,8 @@ attend_vec_shape(const float *q, const void *key_cache, const void *value_cache,
             }
         }
         page_softmax(&state, rows, count, head_size);
+        fetch_page(value_cache, next_page, next_count, pos_stride, head_stride, head, heads,
+                   head_size, bytes);
         /* the page's values: the group's sums stay in registers over the page */
         for (int h = 0; h < heads; h++) {
             float *ah = acc + (int64_t)h * group * head_size;
