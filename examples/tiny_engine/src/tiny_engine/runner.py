@@ -324,8 +324,12 @@ class ModelRunner:
         with forward_context(prepared):
             hidden = self.forward(mode, key, args)
         wanted = [r for r in rows if r >= 0]
-        index = torch.tensor(wanted, dtype=torch.int64, device=self.device)
-        logits = self.model.logits(hidden.index_select(0, index))
+        if len(wanted) == hidden.shape[0] and wanted == list(range(len(wanted))):
+            sampled = hidden  # every row, in order (a decode step): no gather
+        else:
+            index = torch.tensor(wanted, dtype=torch.int64, device=self.device)
+            sampled = hidden.index_select(0, index)
+        logits = self.model.logits(sampled)
         order: list[int] = []
         k = 0
         for r in rows:
