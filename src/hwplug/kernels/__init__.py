@@ -31,6 +31,7 @@ from hwplug.kernels.cpu_linear import (
     NATIVE_LINEAR_MAX_ROWS,
     native_linear,
     native_linear_amx,
+    native_linear_dpbf16,
     native_linear_lanes,
     native_linear_unavailable_reason,
 )
@@ -73,6 +74,7 @@ __all__ = [
     "native_decode_unavailable_reason",
     "native_linear",
     "native_linear_amx",
+    "native_linear_dpbf16",
     "native_linear_lanes",
     "native_linear_unavailable_reason",
     "native_linear_rows",

@@ -42,6 +42,7 @@ __all__ = [
     "NATIVE_LINEAR_MAX_ROWS",
     "native_linear",
     "native_linear_amx",
+    "native_linear_dpbf16",
     "native_linear_lanes",
     "native_linear_unavailable_reason",
 ]
@@ -81,6 +82,9 @@ def loaded() -> ctypes.CDLL | str:
         ptr, ptr, i64,  # bias, out, out's row stride
         ctypes.c_int, ctypes.c_int,  # out is bfloat16 (else float32), threads
     ]  # fmt: skip
+    dpbf16 = library.hwplug_linear_dpbf16
+    dpbf16.restype = ctypes.c_int
+    dpbf16.argtypes = amx.argtypes
     return library
 
 
@@ -101,6 +105,25 @@ def amx_takes(x: torch.Tensor, weight: torch.Tensor) -> bool:
         and weight.shape[1] % 32 == 0
         and weight.shape[0] % 16 == 0
         and native_linear_amx()
+    )
+
+
+@functools.cache
+def native_linear_dpbf16() -> bool:
+    """Whether bfloat16 products run on AVX-512 BF16 dot products here
+    (``csrc/linear_dpbf16.c``): the library was built for a CPU with AVX512_BF16."""
+    library = loaded()
+    return not isinstance(library, str) and bool(library.hwplug_linear_dpbf16_ready())
+
+
+def dpbf16_takes(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether the AVX-512 BF16 path takes this product: bfloat16 ``x`` and weight that
+    the AMX path does not take, on a CPU where it runs."""
+    return (
+        x.dtype == torch.bfloat16
+        and weight.dtype == torch.bfloat16
+        and native_linear_dpbf16()
+        and not amx_takes(x, weight)
     )
 
 
@@ -180,7 +203,7 @@ def run(
 ) -> torch.Tensor:
     """The kernel on checked arguments: 2-D ``x``, a weight of a supported dtype with its
     last dimension contiguous, a float32 ``bias`` or None. The result is float32, or
-    ``dtype``: the AMX path writes bfloat16 itself (rounded to nearest even, as
+    ``dtype``: the AMX and AVX-512 BF16 paths write bfloat16 themselves (rounded to nearest even, as
     ``.to(torch.bfloat16)`` of the float32 result rounds), others convert. ``out``, when
     given, is float32."""
     library = loaded()
@@ -189,8 +212,10 @@ def run(
     rows, inputs = x.shape
     features = weight.shape[0]
     amx = amx_takes(x, weight) and rows > 0 and features > 0 and inputs > 0
+    # bfloat16 pairs on AVX-512 BF16 dot products, where AMX does not take them
+    pairs = not amx and dpbf16_takes(x, weight) and rows > 0 and features > 0 and inputs > 0
     if out is None:
-        direct = amx and dtype == torch.bfloat16
+        direct = (amx or pairs) and dtype == torch.bfloat16
         out = torch.empty((rows, features), dtype=dtype if direct else torch.float32)
     if rows == 0 or features == 0:
         return out.to(dtype)
@@ -201,10 +226,11 @@ def run(
         bias = bias.contiguous()
     bias_pointer = None if bias is None else bias.data_ptr()
     threads = torch.get_num_threads()
-    if amx:
-        # bfloat16 pairs multiplied on AMX tiles (exact products, float32 sums)
+    if amx or pairs:
+        # bfloat16 pairs multiplied on AMX tiles or by AVX-512 BF16 dot products (exact
+        # products, float32 sums)
         x = x if x.stride(1) == 1 else x.contiguous()
-        function = library.hwplug_linear_amx
+        function = library.hwplug_linear_amx if amx else library.hwplug_linear_dpbf16
         rc = function(
             x.data_ptr(), rows, inputs, x.stride(0),
             weight.data_ptr(), features, weight.stride(0),

@@ -117,6 +117,9 @@ _NATIVE_16BIT_ROWS = 4
 _NATIVE_AMX_ROWS = 32
 """Rows of bfloat16 the kernel's AMX path takes (1.2-2.9x oneDNN up to 32 rows on the
 AMX Xeon we measured, about level from 64 rows on some shapes)."""
+_NATIVE_DPBF16_ROWS = 32
+"""Rows of bfloat16 the kernel's AVX-512 BF16 path takes (on a Zen 4, weights read from
+memory: 0.9-2.4x oneDNN at 1-16 rows, most over 1.3x; 1.07-1.5x at 32; behind from 64)."""
 
 
 @functools.cache
@@ -133,10 +136,15 @@ def native_linear_rows(dtype: torch.dtype) -> int:
     the maximum: oneDNN would compute it in float32 from converted pieces. Where the
     kernel multiplies bfloat16 on AMX tiles (:func:`~hwplug.kernels.native_linear_amx`)
     it takes up to 32 rows of a bfloat16 input whose weight's shape the tiles take (in
-    features a multiple of 32, out features of 16; other shapes: 4 rows).
+    features a multiple of 32, out features of 16; other shapes: 4 rows, or 32 where
+    the next path runs). Where it multiplies bfloat16 pairs with AVX-512 BF16 dot
+    products (:func:`~hwplug.kernels.native_linear_dpbf16`: a CPU with AVX512_BF16,
+    such as AMD Zen 4) it takes up to 32 rows of a bfloat16 input and weight.
     """
     if dtype == torch.bfloat16 and cpu_linear.native_linear_amx():
         return _NATIVE_AMX_ROWS
+    if dtype == torch.bfloat16 and cpu_linear.native_linear_dpbf16():
+        return _NATIVE_DPBF16_ROWS
     return _vector_rows(dtype)
 
 
@@ -153,8 +161,14 @@ def _vector_rows(dtype: torch.dtype) -> int:
 
 def _native(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """The native kernel's product of a 2-D ``x`` for few rows, oneDNN's for more."""
-    # products the AMX tiles take have their own limit; the rest the vector path's
-    limit = _NATIVE_AMX_ROWS if cpu_linear.amx_takes(x, weight) else _vector_rows(weight.dtype)
+    # products the AMX tiles or the BF16 dot products take have their own limits; the
+    # rest the vector path's
+    if cpu_linear.amx_takes(x, weight):
+        limit = _NATIVE_AMX_ROWS
+    elif cpu_linear.dpbf16_takes(x, weight):
+        limit = _NATIVE_DPBF16_ROWS
+    else:
+        limit = _vector_rows(weight.dtype)
     if x.shape[0] > limit or not _native_runs():
         return _onednn(x, weight, bias)
     return cpu_linear.run(x, weight, None if bias is None else bias.float(), dtype=x.dtype)

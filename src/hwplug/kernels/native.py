@@ -49,6 +49,7 @@ _INTERFACES = {
     "hwplug_paged_decode_version": 3,
     "hwplug_linear_version": 2,
     "hwplug_linear_amx_version": 2,
+    "hwplug_linear_dpbf16_version": 1,
 }
 """The version function of each source and the version this Python side speaks."""
 

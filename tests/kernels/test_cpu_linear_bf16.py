@@ -1,13 +1,16 @@
-"""The native linear kernel's AMX path: bfloat16 products on tile registers.
+"""The native linear kernel's bfloat16 paths: AMX tiles and AVX-512 BF16 dot products.
 
 Where the CPU has AMX-BF16 (and the OS lets the process use it) bfloat16
 inputs times bfloat16 weights whose in features are a multiple of 32 and out
-features of 16 run on tiles, the weight read where it lies: judged against
-float64 over generated shapes (rows on both sides of the 16 and 32 rows a
-tile pass holds, strided rows of the input and of the weight, a bias, an
-output inside a wider buffer). A build without AMX (a compiler told to leave
-it out) is exercised in a new process on every machine: it says so, and the
-row limits and products are those of the vector path and oneDNN.
+features of 16 run on tiles; where it has AVX512_BF16 (AMD Zen 4, Intel
+Cooper Lake and later) the products AMX does not take run on VDPBF16PS.
+Both read the weight where it lies, and are judged against float64 over
+generated shapes (rows on both sides of a tile pass, strided rows of the
+input and of the weight, a bias, an output inside a wider buffer; for the
+dot products, in features that are not a multiple of the 32 a step takes).
+A build without either (a compiler told to leave them out) is exercised in
+a new process on every machine: it says so, and the row limits and products
+are those of the vector path and oneDNN.
 """
 
 from __future__ import annotations
@@ -28,14 +31,25 @@ from hwplug.kernels import (
     linear,
     native_linear,
     native_linear_amx,
+    native_linear_dpbf16,
     native_linear_rows,
     native_linear_unavailable_reason,
 )
 
+_RUNS = native_linear_unavailable_reason() is None
 needs_amx = pytest.mark.skipif(
-    native_linear_unavailable_reason() is not None or not native_linear_amx(),
+    not _RUNS or not native_linear_amx(),
     reason="the native linear kernel has no AMX path on this CPU",
 )
+needs_dpbf16 = pytest.mark.skipif(
+    not _RUNS or not native_linear_dpbf16(),
+    reason="the native linear kernel has no AVX-512 BF16 path on this CPU",
+)
+# each path with a weight shape ([out, in] features) it takes and the other does not
+PATHS = [
+    pytest.param(32, 64, marks=needs_amx, id="amx"),
+    pytest.param(31, 70, marks=needs_dpbf16, id="dpbf16"),
+]
 
 
 def _assert_close(got: torch.Tensor, want: torch.Tensor, k: int) -> None:
@@ -45,18 +59,7 @@ def _assert_close(got: torch.Tensor, want: torch.Tensor, k: int) -> None:
     assert float((got.double() - want).abs().max()) <= tolerance
 
 
-@needs_amx
-@settings(max_examples=40, deadline=None)
-@given(
-    rows=st.integers(1, 70),
-    k=st.sampled_from([32, 64, 96, 160, 512]),
-    n=st.sampled_from([16, 32, 48, 80, 128]),
-    bias=st.booleans(),
-    x_pad=st.sampled_from([0, 1, 32]),
-    w_pad=st.sampled_from([0, 3, 32]),
-    seed=st.integers(0, 2**16),
-)
-def test_tiles_give_the_float64_product_of_the_bfloat16_values(
+def _check_product(
     rows: int, k: int, n: int, bias: bool, x_pad: int, w_pad: int, seed: int
 ) -> None:
     gen = torch.Generator().manual_seed(seed)
@@ -70,32 +73,65 @@ def test_tiles_give_the_float64_product_of_the_bfloat16_values(
     assert torch.equal(out[:, n:], torch.full((rows, 5), 7.0))  # nothing written past it
 
 
+_PADS = {
+    "bias": st.booleans(),
+    "x_pad": st.sampled_from([0, 1, 32]),
+    "w_pad": st.sampled_from([0, 3, 32]),
+    "seed": st.integers(0, 2**16),
+}
+
+
 @needs_amx
-def test_special_values_propagate_on_tiles() -> None:
-    x = torch.ones(20, 64, dtype=torch.bfloat16)
-    w = torch.ones(32, 64, dtype=torch.bfloat16)
+@settings(max_examples=40, deadline=None)
+@given(
+    rows=st.integers(1, 70),
+    k=st.sampled_from([32, 64, 96, 160, 512]),
+    n=st.sampled_from([16, 32, 48, 80, 128]),
+    **_PADS,
+)
+def test_tiles_give_the_float64_product_of_the_bfloat16_values(
+    rows: int, k: int, n: int, bias: bool, x_pad: int, w_pad: int, seed: int
+) -> None:
+    _check_product(rows, k, n, bias, x_pad, w_pad, seed)
+
+
+@needs_dpbf16
+@settings(max_examples=60, deadline=None)
+@given(rows=st.integers(1, 40), k=st.integers(1, 140), n=st.integers(1, 50), **_PADS)
+def test_dot_products_give_the_float64_product_of_the_bfloat16_values(
+    rows: int, k: int, n: int, bias: bool, x_pad: int, w_pad: int, seed: int
+) -> None:
+    # (shapes AMX also takes go to AMX where it runs: the product is checked either way)
+    _check_product(rows, k, n, bias, x_pad, w_pad, seed)
+
+
+@pytest.mark.parametrize(("n", "k"), PATHS)
+def test_special_values_propagate(n: int, k: int) -> None:
+    x = torch.ones(20, k, dtype=torch.bfloat16)
+    w = torch.ones(n, k, dtype=torch.bfloat16)
     x[17, 3] = float("nan")
-    w[5, 40] = float("inf")
+    w[5, k - 4] = float("inf")  # (past the last whole step of 32 for the dot products)
     got = native_linear(x, w)
     assert torch.isnan(got[17]).all()
     others = [r for r in range(20) if r != 17]
     assert torch.isinf(got[others, 5]).all()
     got[17] = 0
     got[:, 5] = 0
-    assert torch.equal(got, torch.where(got == 0, 0.0, 64.0))
+    assert torch.equal(got, torch.where(got == 0, 0.0, float(k)))
 
 
-@needs_amx
-def test_tiles_round_a_bfloat16_result_as_torch_rounds_it() -> None:
-    """The tiles write a bfloat16 result themselves: the float32 sum plus bias rounded to
+@pytest.mark.parametrize(("n", "k"), PATHS)
+def test_a_bfloat16_result_is_rounded_as_torch_rounds_it(n: int, k: int) -> None:
+    """The paths write a bfloat16 result themselves: the float32 sum plus bias rounded to
     nearest even, ties included, as ``.to(torch.bfloat16)`` rounds it (NaN stays NaN)."""
     ties = [1 + 2**-8, 1 + 3 * 2**-8, -(1 + 2**-8), 2**-130 + 2**-140, 3.4e38, -3.4e38]
     specials = [float("inf"), float("-inf"), float("nan"), 0.0, -0.0, 1e-40]
-    bias = torch.tensor(ties + specials + [0.1 * i for i in range(20)], dtype=torch.float32)
+    rest = [0.1 * i for i in range(n - len(ties) - len(specials))]
+    bias = torch.tensor(ties + specials + rest, dtype=torch.float32)
     gen = torch.Generator().manual_seed(3)
-    x = torch.zeros(3, 64, dtype=torch.bfloat16)
-    x[1] = torch.randn(64, generator=gen).bfloat16()
-    w = torch.randn(32, 64, generator=gen).bfloat16()
+    x = torch.zeros(3, k, dtype=torch.bfloat16)
+    x[1] = torch.randn(k, generator=gen).bfloat16()
+    w = torch.randn(n, k, generator=gen).bfloat16()
     got = cpu_linear.run(x, w, bias, dtype=torch.bfloat16)
     want = cpu_linear.run(x, w, bias).to(torch.bfloat16)
     assert got.dtype == torch.bfloat16
@@ -105,23 +141,25 @@ def test_tiles_round_a_bfloat16_result_as_torch_rounds_it() -> None:
     assert got[0, 0] == 1.0 and got[0, 1] == 1 + 2**-6 and got[0, 4] == float("inf")
 
 
-@needs_amx
-def test_an_in_place_update_of_the_weight_is_seen_on_tiles() -> None:
-    x = torch.randn(8, 64).bfloat16()
-    w = torch.randn(16, 64).bfloat16()
+@pytest.mark.parametrize(("n", "k"), PATHS)
+def test_an_in_place_update_of_the_weight_is_seen(n: int, k: int) -> None:
+    x = torch.randn(8, k).bfloat16()
+    w = torch.randn(n, k).bfloat16()
     before = native_linear(x, w)
     w.mul_(-2.0)  # exact in bfloat16
     assert torch.equal(native_linear(x, w), -2.0 * before)
 
 
-@needs_amx
+@pytest.mark.parametrize(("n", "k"), PATHS)
 @pytest.mark.parametrize("rows", [1, 5, 16, 32, 33, 64])
-def test_the_native_backend_takes_bfloat16_up_to_32_rows_and_oneDNN_beyond(rows: int) -> None:
+def test_the_native_backend_takes_bfloat16_up_to_32_rows_and_oneDNN_beyond(
+    rows: int, n: int, k: int
+) -> None:
     assert native_linear_rows(torch.bfloat16) == 32
     gen = torch.Generator().manual_seed(rows)
-    x = torch.randn(rows, 96, generator=gen).bfloat16()
-    w = torch.randn(48, 96, generator=gen).bfloat16()
-    b = torch.randn(48, generator=gen).bfloat16()
+    x = torch.randn(rows, k, generator=gen).bfloat16()
+    w = torch.randn(n, k, generator=gen).bfloat16()
+    b = torch.randn(n, generator=gen).bfloat16()
     got = linear(x, w, b, backend="native")
     assert got.dtype == torch.bfloat16
     want = torch.nn.functional.linear(x.double(), w.double(), b.double())
@@ -133,9 +171,11 @@ def test_the_native_backend_takes_bfloat16_up_to_32_rows_and_oneDNN_beyond(rows:
 
 _NO_AMX_PROBE = """
 import torch
-from hwplug.kernels import linear, native_linear, native_linear_amx, native_linear_rows
+from hwplug.kernels import (
+    linear, native_linear, native_linear_amx, native_linear_dpbf16, native_linear_rows
+)
 from hwplug.kernels.linear import onednn_dtypes
-print("AMX", native_linear_amx())
+print("AMX", native_linear_amx(), native_linear_dpbf16())
 print("ROWS", native_linear_rows(torch.bfloat16), torch.bfloat16 in onednn_dtypes())
 x, w = torch.randn(20, 64).bfloat16(), torch.randn(32, 64).bfloat16()
 want = x.double() @ w.double().t()
@@ -144,14 +184,14 @@ print("ERR_BACKEND", float((linear(x, w, backend="native").double() - want).abs(
 """
 
 
-def test_built_without_amx_it_says_so_and_bfloat16_keeps_the_other_paths(
+def test_built_without_amx_or_bf16_dot_products_it_says_so_and_bfloat16_keeps_the_others(
     tmp_path: Path,
 ) -> None:
     compiler = os.environ.get("CC", "cc")
     env = {
         **os.environ,
         "XDG_CACHE_HOME": str(tmp_path),
-        "CC": f"{compiler} -mno-amx-tile -mno-amx-bf16",
+        "CC": f"{compiler} -mno-amx-tile -mno-amx-bf16 -mno-avx512bf16",
     }
     done = subprocess.run(
         [sys.executable, "-c", _NO_AMX_PROBE], capture_output=True, text=True, env=env, timeout=300
@@ -159,7 +199,7 @@ def test_built_without_amx_it_says_so_and_bfloat16_keeps_the_other_paths(
     if "unrecognized command-line option" in done.stderr:
         pytest.skip("this compiler knows no AMX options")
     assert done.returncode == 0, done.stderr
-    assert "AMX False" in done.stdout, done.stdout
+    assert "AMX False False" in done.stdout, done.stdout
     rows, native_bf16 = done.stdout.split("ROWS ")[1].split("\n")[0].split()
     if native_linear_unavailable_reason() is None:
         # 4 rows where oneDNN multiplies bfloat16 itself, else the kernel's maximum
