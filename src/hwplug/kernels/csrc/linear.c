@@ -82,6 +82,9 @@ static inline __attribute__((always_inline)) void tile(
         }
         for (int i = 0; i < rows; i++) {
             vec a = VLOAD(x + i * ldx + k);
+            /* one load of x for the NR products: kept from being folded into each FMA as a
+             * memory operand, which made NR loads of it (the loads, not the FMAs, bound) */
+            __asm__("" : "+v"(a));
             for (int j = 0; j < cols; j++) {
                 acc[i * NR + j] = VFMA(a, b[j], acc[i * NR + j]);
             }
