@@ -96,18 +96,6 @@ def native_linear_amx() -> bool:
     return not isinstance(library, str) and bool(library.hwplug_linear_amx_ready())
 
 
-def amx_takes(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    """Whether the AMX path takes this product: bfloat16 ``x`` and weight, in features a
-    multiple of 32 and out features of 16, on a CPU where it runs."""
-    return (
-        x.dtype == torch.bfloat16
-        and weight.dtype == torch.bfloat16
-        and weight.shape[1] % 32 == 0
-        and weight.shape[0] % 16 == 0
-        and native_linear_amx()
-    )
-
-
 @functools.cache
 def native_linear_dpbf16() -> bool:
     """Whether bfloat16 products run on AVX-512 BF16 dot products here
@@ -116,15 +104,16 @@ def native_linear_dpbf16() -> bool:
     return not isinstance(library, str) and bool(library.hwplug_linear_dpbf16_ready())
 
 
-def dpbf16_takes(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    """Whether the AVX-512 BF16 path takes this product: bfloat16 ``x`` and weight that
-    the AMX path does not take, on a CPU where it runs."""
-    return (
-        x.dtype == torch.bfloat16
-        and weight.dtype == torch.bfloat16
-        and native_linear_dpbf16()
-        and not amx_takes(x, weight)
-    )
+def pairs_path(x: torch.Tensor, weight: torch.Tensor) -> str | None:
+    """The path that multiplies this product's bfloat16 pairs, or None (the vector path
+    takes it): ``"amx"`` for a bfloat16 ``x`` and weight whose in features are a multiple
+    of 32 and out features of 16 on a CPU where AMX runs, else ``"dpbf16"`` for a
+    bfloat16 ``x`` and weight on a CPU with AVX-512 BF16."""
+    if x.dtype != torch.bfloat16 or weight.dtype != torch.bfloat16:
+        return None
+    if weight.shape[1] % 32 == 0 and weight.shape[0] % 16 == 0 and native_linear_amx():
+        return "amx"
+    return "dpbf16" if native_linear_dpbf16() else None
 
 
 def native_linear_lanes() -> int:
@@ -203,19 +192,18 @@ def run(
 ) -> torch.Tensor:
     """The kernel on checked arguments: 2-D ``x``, a weight of a supported dtype with its
     last dimension contiguous, a float32 ``bias`` or None. The result is float32, or
-    ``dtype``: the AMX and AVX-512 BF16 paths write bfloat16 themselves (rounded to nearest even, as
-    ``.to(torch.bfloat16)`` of the float32 result rounds), others convert. ``out``, when
+    ``dtype``: the AMX and AVX-512 BF16 paths write bfloat16 themselves (rounded to
+    nearest even, as ``.to(torch.bfloat16)`` of the float32 result rounds), others
+    convert. ``out``, when
     given, is float32."""
     library = loaded()
     if isinstance(library, str):
         raise RuntimeError(f"the native linear kernel cannot run: {library}")
     rows, inputs = x.shape
     features = weight.shape[0]
-    amx = amx_takes(x, weight) and rows > 0 and features > 0 and inputs > 0
-    # bfloat16 pairs on AVX-512 BF16 dot products, where AMX does not take them
-    pairs = not amx and dpbf16_takes(x, weight) and rows > 0 and features > 0 and inputs > 0
+    pairs = pairs_path(x, weight) if rows > 0 and features > 0 and inputs > 0 else None
     if out is None:
-        direct = (amx or pairs) and dtype == torch.bfloat16
+        direct = pairs is not None and dtype == torch.bfloat16
         out = torch.empty((rows, features), dtype=dtype if direct else torch.float32)
     if rows == 0 or features == 0:
         return out.to(dtype)
@@ -226,11 +214,11 @@ def run(
         bias = bias.contiguous()
     bias_pointer = None if bias is None else bias.data_ptr()
     threads = torch.get_num_threads()
-    if amx or pairs:
+    if pairs is not None:
         # bfloat16 pairs multiplied on AMX tiles or by AVX-512 BF16 dot products (exact
         # products, float32 sums)
         x = x if x.stride(1) == 1 else x.contiguous()
-        function = library.hwplug_linear_amx if amx else library.hwplug_linear_dpbf16
+        function = library.hwplug_linear_amx if pairs == "amx" else library.hwplug_linear_dpbf16
         rc = function(
             x.data_ptr(), rows, inputs, x.stride(0),
             weight.data_ptr(), features, weight.stride(0),

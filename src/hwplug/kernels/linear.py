@@ -120,6 +120,7 @@ AMX Xeon we measured, about level from 64 rows on some shapes)."""
 _NATIVE_DPBF16_ROWS = 32
 """Rows of bfloat16 the kernel's AVX-512 BF16 path takes (on a Zen 4, weights read from
 memory: 0.9-2.4x oneDNN at 1-16 rows, most over 1.3x; 1.07-1.5x at 32; behind from 64)."""
+_PAIRS_ROWS = {"amx": _NATIVE_AMX_ROWS, "dpbf16": _NATIVE_DPBF16_ROWS}
 
 
 @functools.cache
@@ -163,12 +164,8 @@ def _native(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) ->
     """The native kernel's product of a 2-D ``x`` for few rows, oneDNN's for more."""
     # products the AMX tiles or the BF16 dot products take have their own limits; the
     # rest the vector path's
-    if cpu_linear.amx_takes(x, weight):
-        limit = _NATIVE_AMX_ROWS
-    elif cpu_linear.dpbf16_takes(x, weight):
-        limit = _NATIVE_DPBF16_ROWS
-    else:
-        limit = _vector_rows(weight.dtype)
+    pairs = cpu_linear.pairs_path(x, weight)
+    limit = _PAIRS_ROWS[pairs] if pairs is not None else _vector_rows(weight.dtype)
     if x.shape[0] > limit or not _native_runs():
         return _onednn(x, weight, bias)
     return cpu_linear.run(x, weight, None if bias is None else bias.float(), dtype=x.dtype)

@@ -90,18 +90,8 @@ static inline __attribute__((always_inline)) void tile(
             }
         }
     }
-    /* a few sums one by one, more a group of LANES at a time (the groups in use) */
     float sums[NACC];
-    const int used = (rows - 1) * NR + cols;
-    if (used <= 4) {
-        for (int i = 0; i < used; i++) {
-            sums[i] = lane_sum(acc[i]);
-        }
-    } else {
-        for (int i = 0; i < used; i += LANES) {
-            VSTORE(sums + i, lane_sums(acc + i));
-        }
-    }
+    tile_sums(acc, (rows - 1) * NR + cols, sums);
     for (int i = 0; i < rows; i++) {
         for (int j = 0; j < cols; j++) {
             float s = sums[i * NR + j];

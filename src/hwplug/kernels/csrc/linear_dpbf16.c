@@ -86,12 +86,7 @@ static inline __attribute__((always_inline)) void tile(
         step(rows, cols, x + k, ldx, w + k, ldw, (__mmask32)((1u << (K - k)) - 1u), acc);
     }
     float sums[NACC];
-    const int used = (rows - 1) * NR + cols;
-    if (used <= 4) {
-        for (int i = 0; i < used; i++) sums[i] = lane_sum(acc[i]);
-    } else {
-        for (int i = 0; i < used; i += LANES) VSTORE(sums + i, lane_sums(acc + i));
-    }
+    tile_sums(acc, (rows - 1) * NR + cols, sums);
     for (int i = 0; i < rows; i++) {
         for (int j = 0; j < cols; j++) {
             const float s = sums[i * NR + j] + (bias ? bias[j] : 0.0f);

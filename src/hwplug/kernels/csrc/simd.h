@@ -101,6 +101,18 @@ static inline __attribute__((always_inline)) __m256 lane_sums(const __m256 *v) {
 }
 #endif
 
+/* The lane sums of acc[0..used) into sums (the linear kernels' tiles): a few one by one,
+ * more a group of LANES at a time (acc holds whole groups: those past `used` are read,
+ * and their sums written, but not used) */
+static inline __attribute__((always_inline)) void tile_sums(const vec *acc, int used,
+                                                            float *sums) {
+    if (used <= 4) {
+        for (int i = 0; i < used; i++) sums[i] = lane_sum(acc[i]);
+    } else {
+        for (int i = 0; i < used; i += LANES) VSTORE(sums + i, lane_sums(acc + i));
+    }
+}
+
 /* The kinds of 32- and 16-bit floats the kernels read. */
 enum { SIMD_F32 = 0, SIMD_BF16 = 1, SIMD_F16 = 2 };
 
