@@ -86,7 +86,13 @@ class TorchAttentionBackend(AttentionBackend):
             reference.write_slots(plan.written(call.value), value_cache, plan.write_slots, v_scale)
 
         # every row of the step's tokens is written below; padding rows past them are zero
-        out = call.out if call.out is not None else torch.empty_like(query)
+        # (row-major whatever the query's strides: empty_like would keep a transposed
+        # query's layout, and every path below writes rows)
+        out = (
+            call.out
+            if call.out is not None
+            else torch.empty(query.shape, dtype=query.dtype, device=query.device)
+        )
         if plan.total < out.shape[0]:
             out[plan.total :].zero_()
         window = self.sliding_window

@@ -31,11 +31,11 @@ bfloat16 subnormals, below about 1e-38, as zero).
 from __future__ import annotations
 
 import ctypes
-import functools
 
 import torch
 
-from hwplug.kernels import native
+from hwplug.kernels import bindings, native
+from hwplug.kernels.checks import Entry, TensorRule
 
 __all__ = [
     "NATIVE_LINEAR_DTYPES",
@@ -47,8 +47,7 @@ __all__ = [
     "native_linear_unavailable_reason",
 ]
 
-_KINDS = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
-NATIVE_LINEAR_DTYPES = frozenset(_KINDS)
+NATIVE_LINEAR_DTYPES = frozenset(bindings.LINEAR_KINDS)
 """The weight dtypes the kernel reads."""
 
 NATIVE_LINEAR_MAX_ROWS = 64
@@ -57,51 +56,40 @@ kernel; more go to oneDNN, whose blocked GEMM wins there (docs/decisions.md). On
 where oneDNN is stronger (AVX-512, native 16-bit products) it gives fewer:
 :func:`hwplug.kernels.linear.native_linear_rows`."""
 
+LINEAR = Entry(
+    "native_linear",
+    (
+        TensorRule("x", ("rows", "in_features"), "float"),
+        TensorRule("weight", ("out_features", "in_features"), NATIVE_LINEAR_DTYPES),
+        TensorRule("bias", ("out_features",), "float", optional=True),
+        TensorRule(
+            "out", ("rows", "out_features"), frozenset({torch.float32}), written=True, optional=True
+        ),
+    ),
+)
+"""The arguments :func:`native_linear` takes (a bias of one element is broadcast first)."""
 
-@functools.cache
+
 def loaded() -> ctypes.CDLL | str:
-    """The native library with the kernel's signature declared, or why it cannot run."""
-    library = native.library()
+    """The native library with the kernel's signature declared, or why it cannot run now."""
+    library = bindings.library()
     if isinstance(library, str):
         return library
-    if library.hwplug_linear_simd() not in (8, 16):
+    if bindings.capabilities(library).lanes == 0:
         return "the native linear kernel needs a CPU with AVX2, FMA and F16C"
-    i64, ptr = ctypes.c_int64, ctypes.c_void_p
-    function = library.hwplug_linear
-    function.restype = ctypes.c_int
-    function.argtypes = [
-        ptr, i64, i64, i64,  # x, rows, in features, x's row stride
-        ptr, ctypes.c_int, i64, i64,  # weight, its kind, out features, its row stride
-        ptr, ptr, i64, ctypes.c_int,  # bias, out, out's row stride, threads
-    ]  # fmt: skip
-    amx = library.hwplug_linear_amx
-    amx.restype = ctypes.c_int
-    amx.argtypes = [
-        ptr, i64, i64, i64,  # x (bfloat16), rows, in features, x's row stride
-        ptr, i64, i64,  # weight (bfloat16), out features, its row stride
-        ptr, ptr, i64,  # bias, out, out's row stride
-        ctypes.c_int, ctypes.c_int,  # out is bfloat16 (else float32), threads
-    ]  # fmt: skip
-    dpbf16 = library.hwplug_linear_dpbf16
-    dpbf16.restype = ctypes.c_int
-    dpbf16.argtypes = amx.argtypes
     return library
 
 
-@functools.cache
 def native_linear_amx() -> bool:
     """Whether bfloat16 products run on AMX tiles here (``csrc/linear_amx.c``): the
     library was built for a CPU with AMX-BF16 and the OS lets this process use them."""
-    library = loaded()
-    return not isinstance(library, str) and bool(library.hwplug_linear_amx_ready())
+    return bindings.capabilities().amx
 
 
-@functools.cache
 def native_linear_dpbf16() -> bool:
     """Whether bfloat16 products run on AVX-512 BF16 dot products here
     (``csrc/linear_dpbf16.c``): the library was built for a CPU with AVX512_BF16."""
-    library = loaded()
-    return not isinstance(library, str) and bool(library.hwplug_linear_dpbf16_ready())
+    return bindings.capabilities().dpbf16
 
 
 def pairs_path(x: torch.Tensor, weight: torch.Tensor) -> str | None:
@@ -111,16 +99,16 @@ def pairs_path(x: torch.Tensor, weight: torch.Tensor) -> str | None:
     bfloat16 ``x`` and weight on a CPU with AVX-512 BF16."""
     if x.dtype != torch.bfloat16 or weight.dtype != torch.bfloat16:
         return None
-    if weight.shape[1] % 32 == 0 and weight.shape[0] % 16 == 0 and native_linear_amx():
+    can = bindings.capabilities()
+    if weight.shape[1] % 32 == 0 and weight.shape[0] % 16 == 0 and can.amx:
         return "amx"
-    return "dpbf16" if native_linear_dpbf16() else None
+    return "dpbf16" if can.dpbf16 else None
 
 
 def native_linear_lanes() -> int:
     """The lanes of k the kernel multiplies at a time: 16 where it was built for AVX-512,
     8 for AVX2, 0 where it cannot run."""
-    library = loaded()
-    return 0 if isinstance(library, str) else int(library.hwplug_linear_simd())
+    return bindings.capabilities().lanes
 
 
 def native_linear_unavailable_reason(device: torch.device | str = "cpu") -> str | None:
@@ -139,46 +127,32 @@ def native_linear(
 
     ``x`` is ``[rows, in_features]`` (any float dtype; computed in float32),
     ``weight`` ``[out_features, in_features]`` in a dtype of
-    :data:`NATIVE_LINEAR_DTYPES` with its last dimension contiguous, ``bias``
-    ``[out_features]`` or None. Returns float32 ``[rows, out_features]`` (into
-    ``out`` when given: float32, that shape, its last dimension contiguous).
+    :data:`NATIVE_LINEAR_DTYPES` (any strides: a weight whose last dimension is
+    not contiguous is read from a contiguous copy), ``bias`` ``[out_features]``
+    (or one element, broadcast) or None. Returns float32 ``[rows,
+    out_features]``, into ``out`` when given: float32, that shape, any strides
+    whose elements are distinct, sharing no memory with ``x``, ``weight`` or
+    ``bias``.
 
-    :raises ValueError: a shape, dtype, layout or device the kernel does not take.
+    :raises TypeError: an argument that is not a tensor.
+    :raises ValueError: a shape, dtype, device or aliasing the kernel does not take
+        (:class:`~hwplug.kernels.checks.KernelArgumentError`, which names it).
     :raises RuntimeError: the kernel cannot run here (the reason says why).
     """
+    if (
+        isinstance(bias, torch.Tensor)
+        and bias.numel() == 1
+        and bias.dim() <= 1
+        and isinstance(weight, torch.Tensor)
+        and weight.dim() == 2
+    ):
+        bias = bias.reshape(1).expand(weight.shape[0])
+    LINEAR.check({"x": x, "weight": weight, "bias": bias, "out": out})
     reason = native_linear_unavailable_reason(x.device)
     if reason is not None:
         raise RuntimeError(f"the native linear kernel cannot run: {reason}")
-    if x.dim() != 2 or weight.dim() != 2 or x.shape[1] != weight.shape[1]:
-        raise ValueError(
-            "x must be [rows, in_features] and weight [out_features, in_features]; got "
-            f"{list(x.shape)} and {list(weight.shape)}"
-        )
-    if weight.dtype not in _KINDS or not x.dtype.is_floating_point:
-        allowed = ", ".join(sorted(str(d).removeprefix("torch.") for d in _KINDS))
-        raise ValueError(
-            f"weight must be one of {allowed} and x a float tensor; got "
-            f"{str(weight.dtype).removeprefix('torch.')} and {str(x.dtype).removeprefix('torch.')}"
-        )
     if weight.stride(1) != 1 and weight.numel() > 0:
-        raise ValueError("weight's last dimension must be contiguous (it is read as it lies)")
-    rows, features = x.shape[0], weight.shape[0]
-    if bias is not None and (bias.shape != (features,) or not bias.dtype.is_floating_point):
-        raise ValueError(f"bias must be a float [{features}] tensor; got {list(bias.shape)}")
-    if out is not None and (
-        out.shape != (rows, features)
-        or out.dtype != torch.float32
-        or (out.numel() > 0 and out.stride(1) != 1)
-        or (rows > 1 and out.stride(0) < features)
-    ):
-        raise ValueError(
-            f"out must be float32 [{rows}, {features}] with its last dimension contiguous "
-            "and rows that do not overlap; "
-            f"got {list(out.shape)} of {out.dtype}"
-        )
-    devices = {t.device.type for t in (x, weight, bias, out) if t is not None}
-    if devices != {"cpu"}:
-        raise ValueError(f"every tensor must be on the CPU; got {sorted(devices)}")
+        weight = weight.contiguous()
     return run(x, weight, None if bias is None else bias.float(), out)
 
 
@@ -190,50 +164,36 @@ def run(
     *,
     dtype: torch.dtype = torch.float32,
 ) -> torch.Tensor:
-    """The kernel on checked arguments: 2-D ``x``, a weight of a supported dtype with its
-    last dimension contiguous, a float32 ``bias`` or None. The result is float32, or
-    ``dtype``: the AMX and AVX-512 BF16 paths write bfloat16 themselves (rounded to
-    nearest even, as ``.to(torch.bfloat16)`` of the float32 result rounds), others
-    convert. ``out``, when
-    given, is float32."""
-    library = loaded()
-    if isinstance(library, str):
-        raise RuntimeError(f"the native linear kernel cannot run: {library}")
+    """The kernel on arguments that have passed :data:`LINEAR`: 2-D ``x``, a weight of a
+    supported dtype with its last dimension contiguous, a float32 ``bias`` or None. The
+    result is float32, or ``dtype``: the AMX and AVX-512 BF16 paths write bfloat16
+    themselves (rounded to nearest even, as ``.to(torch.bfloat16)`` of the float32
+    result rounds), others convert. ``out``, when given, is float32."""
     rows, inputs = x.shape
     features = weight.shape[0]
     pairs = pairs_path(x, weight) if rows > 0 and features > 0 and inputs > 0 else None
+    given = out
+    if out is not None and not _rows_writable(out):
+        out = None  # computed into a buffer of its own, then copied in
     if out is None:
-        direct = pairs is not None and dtype == torch.bfloat16
+        direct = pairs is not None and dtype == torch.bfloat16 and given is None
         out = torch.empty((rows, features), dtype=dtype if direct else torch.float32)
     if rows == 0 or features == 0:
-        return out.to(dtype)
-    if inputs == 0:
-        out = out.copy_(bias.expand(rows, features)) if bias is not None else out.zero_()
-        return out.to(dtype)
-    if bias is not None and not bias.is_contiguous():
-        bias = bias.contiguous()
-    bias_pointer = None if bias is None else bias.data_ptr()
-    threads = torch.get_num_threads()
-    if pairs is not None:
-        # bfloat16 pairs multiplied on AMX tiles or by AVX-512 BF16 dot products (exact
-        # products, float32 sums)
-        x = x if x.stride(1) == 1 else x.contiguous()
-        function = library.hwplug_linear_amx if pairs == "amx" else library.hwplug_linear_dpbf16
-        rc = function(
-            x.data_ptr(), rows, inputs, x.stride(0),
-            weight.data_ptr(), features, weight.stride(0),
-            bias_pointer, out.data_ptr(), out.stride(0),
-            int(out.dtype == torch.bfloat16), threads,
-        )  # fmt: skip
+        pass
+    elif inputs == 0:
+        out.copy_(bias.expand(rows, features)) if bias is not None else out.zero_()
     else:
-        if x.dtype != torch.float32 or x.stride(1) != 1:
-            x = x.to(torch.float32, memory_format=torch.contiguous_format).contiguous()
-        function = library.hwplug_linear
-        rc = function(
-            x.data_ptr(), rows, inputs, x.stride(0),
-            weight.data_ptr(), _KINDS[weight.dtype], features, weight.stride(0),
-            bias_pointer, out.data_ptr(), out.stride(0), threads,
-        )  # fmt: skip
-    if rc != 0:
-        raise RuntimeError(f"the native linear kernel failed ({function.__name__}: status {rc})")
+        bindings.linear(x, weight, bias, out, pairs=pairs)
+    if given is not None and given is not out:
+        given.copy_(out)
+        out = given
     return out.to(dtype)
+
+
+def _rows_writable(out: torch.Tensor) -> bool:
+    """Whether the kernel writes ``out`` where it lies: its last dimension contiguous and
+    its rows apart."""
+    rows, features = out.shape
+    return out.numel() == 0 or (
+        (features <= 1 or out.stride(1) == 1) and (rows <= 1 or out.stride(0) >= features)
+    )

@@ -44,6 +44,7 @@ import functools
 import torch
 
 from hwplug.kernels import cpu_linear, native
+from hwplug.kernels.checks import Entry, KernelArgumentError, TensorRule
 from hwplug.kernels.scratch import scratch
 
 __all__ = ["LINEAR_BACKENDS", "linear", "native_linear_rows", "onednn_dtypes"]
@@ -123,7 +124,6 @@ memory: 0.9-2.4x oneDNN at 1-16 rows, most over 1.3x; 1.07-1.5x at 32; behind fr
 _PAIRS_ROWS = {"amx": _NATIVE_AMX_ROWS, "dpbf16": _NATIVE_DPBF16_ROWS}
 
 
-@functools.cache
 def native_linear_rows(dtype: torch.dtype) -> int:
     """Up to how many rows backend ``"native"`` gives hwplug's kernel a weight of
     ``dtype`` on this CPU (more go to oneDNN; 0 where the kernel cannot run).
@@ -142,6 +142,8 @@ def native_linear_rows(dtype: torch.dtype) -> int:
     products (:func:`~hwplug.kernels.native_linear_dpbf16`: a CPU with AVX512_BF16,
     such as AMD Zen 4) it takes up to 32 rows of a bfloat16 input and weight.
     """
+    if not _native_runs():
+        return 0
     if dtype == torch.bfloat16 and cpu_linear.native_linear_amx():
         return _NATIVE_AMX_ROWS
     if dtype == torch.bfloat16 and cpu_linear.native_linear_dpbf16():
@@ -151,7 +153,8 @@ def native_linear_rows(dtype: torch.dtype) -> int:
 
 @functools.cache
 def _vector_rows(dtype: torch.dtype) -> int:
-    """Up to how many rows of ``dtype`` the kernel's vector path beats oneDNN here."""
+    """Up to how many rows of ``dtype`` the kernel's vector path beats oneDNN here (asked
+    only where the kernel runs, so the answer holds for the process)."""
     lanes = cpu_linear.native_linear_lanes()
     if lanes == 0 or dtype not in cpu_linear.NATIVE_LINEAR_DTYPES:
         return 0
@@ -162,11 +165,14 @@ def _vector_rows(dtype: torch.dtype) -> int:
 
 def _native(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """The native kernel's product of a 2-D ``x`` for few rows, oneDNN's for more."""
+    # the kill switch first: nothing below may build the kernels while it is set
+    if not _native_runs():
+        return _onednn(x, weight, bias)
     # products the AMX tiles or the BF16 dot products take have their own limits; the
     # rest the vector path's
     pairs = cpu_linear.pairs_path(x, weight)
     limit = _PAIRS_ROWS[pairs] if pairs is not None else _vector_rows(weight.dtype)
-    if x.shape[0] > limit or not _native_runs():
+    if x.shape[0] > limit:
         return _onednn(x, weight, bias)
     return cpu_linear.run(x, weight, None if bias is None else bias.float(), dtype=x.dtype)
 
@@ -218,6 +224,45 @@ def _runs_cpu(
     )
 
 
+LINEAR = Entry(
+    "linear",
+    (
+        TensorRule("x", ("rows", "in_features"), "float"),
+        TensorRule("weight", ("out_features", "in_features"), "float", same_dtype_as="x"),
+    ),
+)
+"""The arguments ``linear(..., backend="native" or "onednn")`` takes (``x`` flattened to
+rows); a bias is checked by :func:`_checked_bias`."""
+
+
+def _checked_bias(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
+) -> torch.Tensor | None:
+    """Check a call whose shapes are not the plain ``[..., k] x [n, k] + [n]``: raise
+    :class:`~hwplug.kernels.checks.KernelArgumentError` naming what torch would refuse;
+    return a bias to add afterwards where it broadcasts as torch's does (None: no bias,
+    or already ``[n]``)."""
+    if x.dim() == 0:
+        raise KernelArgumentError(
+            "linear: x must have at least one dimension ([..., in_features]); got a 0-d tensor"
+        )
+    LINEAR.check({"x": x.reshape(-1, x.shape[-1]), "weight": weight})
+    if bias is None or bias.shape == weight.shape[:1]:
+        return None
+    result = (*x.shape[:-1], weight.shape[0])
+    try:
+        shape = torch.broadcast_shapes(bias.shape, result)
+    except RuntimeError:
+        shape = None
+    if shape != torch.Size(result):
+        raise KernelArgumentError(
+            f"linear: bias of shape {list(bias.shape)} does not broadcast to the result's "
+            f"shape {list(result)}: give it [{weight.shape[0]}] (out_features), or a shape "
+            "that broadcasts"
+        )
+    return bias
+
+
 def linear(
     x: torch.Tensor,
     weight: torch.Tensor,
@@ -231,7 +276,10 @@ def linear(
     :param weight: ``[out_features, in_features]``, any strides.
     :param bias: ``[out_features]`` or None.
     :param backend: one of :data:`LINEAR_BACKENDS` (usually ``platform.linear_backend``).
-    :raises ValueError: an unknown backend.
+    :raises ValueError: an unknown backend; on ``"native"`` and ``"onednn"``, shapes
+        that do not multiply, or a bias that does not broadcast to the result
+        (:class:`~hwplug.kernels.checks.KernelArgumentError`, also a ``RuntimeError`` as
+        torch's own error is, naming both shapes).
     """
     if backend == "torch":
         return torch.nn.functional.linear(x, weight, bias)
@@ -239,6 +287,16 @@ def linear(
         raise ValueError(f"unknown linear backend {backend!r}; known: {', '.join(LINEAR_BACKENDS)}")
     if not _runs_cpu(x, weight, bias, backend):
         return torch.nn.functional.linear(x, weight, bias)
+    if (
+        x.dim() == 0
+        or x.shape[-1] != weight.shape[1]
+        or (bias is not None and bias.shape != weight.shape[:1])
+    ):
+        # what the kernels do not take as it is: refused with the argument named, or a
+        # bias that broadcasts as torch's does
+        broadcast = _checked_bias(x, weight, bias)
+        if broadcast is not None:
+            return linear(x, weight, None, backend=backend) + broadcast
     rows = x.reshape(-1, x.shape[-1])
     native = backend == "native" and weight.stride(1) == 1
     if torch.compiler.is_compiling():

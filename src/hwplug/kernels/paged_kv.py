@@ -25,6 +25,7 @@ import torch
 
 from hwplug.core.session import platform_for_device
 from hwplug.kernels import reference
+from hwplug.kernels.checks import shares_memory
 from hwplug.kernels.formats import CACHE_DTYPES, INPUT_DTYPES, fp8_format
 
 __all__ = [
@@ -227,54 +228,6 @@ def _check_caches(key_cache: object, value_cache: object) -> tuple[torch.Tensor,
     _check_dtype("key_cache", kc, CACHE_DTYPES)
     _check_dtype("value_cache", vc, CACHE_DTYPES)
     return kc, vc
-
-
-def shares_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Whether ``a`` and ``b`` have an element in common in memory (reads no values).
-
-    Exact for two views with the same strides (interleaved views such as
-    ``combined[:, 0]`` and ``combined[:, 1]`` do not share memory); views with
-    different strides count as sharing whenever their address ranges meet.
-    """
-    if a.numel() == 0 or b.numel() == 0 or a.device != b.device:
-        return False
-    if a.device.type == "meta":  # no memory at all: nothing to share
-        return a is b
-    if a.untyped_storage().data_ptr() != b.untyped_storage().data_ptr():
-        return False
-    size = a.element_size()
-
-    def span(t: torch.Tensor) -> tuple[int, int]:
-        start = t.data_ptr()
-        extent = sum((n - 1) * abs(st) for n, st in zip(t.shape, t.stride()))
-        return start, start + (extent + 1) * t.element_size()
-
-    a0, a1 = span(a)
-    b0, b1 = span(b)
-    if not (a0 < b1 and b0 < a1):
-        return False
-    if a.stride() != b.stride() or a.shape != b.shape or b.element_size() != size:
-        return True
-    delta, rem = divmod(b.data_ptr() - a.data_ptr(), size)
-    if rem:
-        return True  # misaligned views of one buffer: be conservative
-    dims = sorted(
-        ((abs(st), n - 1) for n, st in zip(a.shape, a.stride()) if n > 1 and st != 0),
-        reverse=True,
-    )
-    return _offset_reachable(delta, dims)
-
-
-def _offset_reachable(delta: int, dims: list[tuple[int, int]]) -> bool:
-    """Whether ``delta`` = sum of ``c * stride`` with ``|c| <= reach`` over ``(stride, reach)``."""
-    if not dims:
-        return delta == 0
-    (stride, reach), rest = dims[0], dims[1:]
-    below = sum(st * r for st, r in rest)  # what the smaller strides can still make up
-    low = max(-reach, -((below - delta) // stride))  # ceil((delta - below) / stride)
-    high = min(reach, (delta + below) // stride)
-    # nested strides (any view of a dense tensor) leave at most a few candidates
-    return any(_offset_reachable(delta - c * stride, rest) for c in range(low, high + 1))
 
 
 def _check_same_device(**tensors: torch.Tensor) -> torch.device:

@@ -29,6 +29,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "linear_sizes.h"
+
 int hwplug_linear_version(void) { return 2; }
 
 #include "simd.h"
@@ -144,6 +146,8 @@ int hwplug_linear(const float *x, int64_t M, int64_t K, int64_t ldx, const void 
     if (kind < 0 || kind > 2) {
         return 1;
     }
+    if (!linear_sizes_ok(M, K, ldx, N, ldw, ldy)) return LINEAR_BAD_SIZES;
+
     const size_t item = kind == KIND_F32 ? 4 : 2;
     const int64_t tiles = (N + NR - 1) / NR;
 #pragma omp parallel for num_threads(threads > 0 ? threads : 1) schedule(static)

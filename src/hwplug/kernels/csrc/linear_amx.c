@@ -31,6 +31,8 @@
 #define _GNU_SOURCE
 #include <stddef.h>
 #include <stdint.h>
+
+#include "linear_sizes.h"
 #include <stdlib.h>
 #include <string.h>
 
@@ -114,6 +116,7 @@ int hwplug_linear_amx(const uint16_t *x, int64_t M, int64_t K, int64_t ldx, cons
                       int64_t N, int64_t ldw, const float *bias, void *y, int64_t ldy,
                       int y_bf16, int threads) {
     if (!hwplug_linear_amx_ready()) return 2;
+    if (!linear_sizes_ok(M, K, ldx, N, ldw, ldy)) return LINEAR_BAD_SIZES;
     if (K % KSTEP != 0 || N % TILE != 0) return 4;
     if (M <= 0 || N == 0) return 0;
     const int64_t chunks = (M + ROWS_AT_ONCE - 1) / ROWS_AT_ONCE;

@@ -33,6 +33,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "linear_sizes.h"
+
 #include "bfloat16.h"
 
 int hwplug_linear_dpbf16_version(void) { return 1; }
@@ -123,6 +125,7 @@ static const tile_fn TILES[MR][NR] = {ROW_FNS(1), ROW_FNS(2), ROW_FNS(3), ROW_FN
 int hwplug_linear_dpbf16(const uint16_t *x, int64_t M, int64_t K, int64_t ldx,
                          const uint16_t *w, int64_t N, int64_t ldw, const float *bias, void *y,
                          int64_t ldy, int y_bf16, int threads) {
+    if (!linear_sizes_ok(M, K, ldx, N, ldw, ldy)) return LINEAR_BAD_SIZES;
     const int64_t tiles = (N + NR - 1) / NR;
     const size_t item = y_bf16 ? 2 : 4;
 #pragma omp parallel for num_threads(threads > 0 ? threads : 1) schedule(static)

@@ -395,7 +395,7 @@ static int vector_path(int kind, int group, int head_size) {
 #endif
 
 /* The version of this file's interface: the loader checks it. */
-int hwplug_paged_decode_version(void) { return 3; }
+int hwplug_paged_decode_version(void) { return 4; }
 
 /* Row i of `keys` and `values` ([rows, kv_heads, head_size] of `bytes` each) into slot
  * slots[i] of the caches; negative slots are skipped. In order, on the calling thread:
@@ -421,20 +421,95 @@ static void store_rows(const void *keys, const void *values, const int64_t *slot
     }
 }
 
-/* Returns 0, or 1 when a work buffer could not be allocated, 2 for a block size over
- * MAX_BLOCK, 3 for a query kind other than float32 and bfloat16, 4 for new rows in a
- * cache of fp8 codes (they need scaling: stored by the caller). */
+/* Statuses of hwplug_paged_decode: 0 done; the others leave every buffer untouched and
+ * say in fault[] where the first bad value is. */
+enum {
+    DECODE_OK = 0,
+    DECODE_NO_MEMORY = 1,    /* a work buffer could not be allocated */
+    DECODE_BAD_SIZES = 2,    /* fault: {which size, its value} (see check_sizes) */
+    DECODE_BAD_QUERY = 3,    /* a query kind other than float32 and bfloat16 */
+    DECODE_CODES_ROWS = 4,   /* new rows for a cache of fp8 codes (they need scaling) */
+    DECODE_BAD_LENGTH = 5,   /* fault: {sequence, its length} */
+    DECODE_BAD_BLOCK = 6,    /* fault: {sequence, table column, the block id there} */
+    DECODE_BAD_SLOT = 7,     /* fault: {row, its slot} */
+};
+
+static int fail(int64_t *fault, int status, int64_t a, int64_t b, int64_t c) {
+    if (fault != NULL) {
+        fault[0] = a;
+        fault[1] = b;
+        fault[2] = c;
+    }
+    return status;
+}
+
+/* Sizes the kernel cannot take: which (0 n, 1 kv_heads, 2 group, 3 head_size,
+ * 4 block_size, 5 num_blocks, 6 table columns, 7 window, 8 rows, 9 kind, 10 strides). */
+static int check_sizes(int64_t n, int kv_heads, int group, int head_size, int block_size,
+                       int64_t num_blocks, int64_t table_cols, int64_t window, int64_t rows,
+                       int kind, int64_t block_stride, int64_t pos_stride, int64_t head_stride,
+                       int64_t table_stride, int64_t *fault) {
+    if (n < 0) return fail(fault, DECODE_BAD_SIZES, 0, n, 0);
+    if (kv_heads < 1) return fail(fault, DECODE_BAD_SIZES, 1, kv_heads, 0);
+    if (group < 1) return fail(fault, DECODE_BAD_SIZES, 2, group, 0);
+    if (head_size < 1) return fail(fault, DECODE_BAD_SIZES, 3, head_size, 0);
+    if (block_size < 1 || block_size > MAX_BLOCK) return fail(fault, DECODE_BAD_SIZES, 4, block_size, 0);
+    if (num_blocks < 0) return fail(fault, DECODE_BAD_SIZES, 5, num_blocks, 0);
+    if (table_cols < 0) return fail(fault, DECODE_BAD_SIZES, 6, table_cols, 0);
+    if (window < 0) return fail(fault, DECODE_BAD_SIZES, 7, window, 0);
+    if (rows < 0) return fail(fault, DECODE_BAD_SIZES, 8, rows, 0);
+    if (kind < KIND_F32 || kind > KIND_CODES) return fail(fault, DECODE_BAD_SIZES, 9, kind, 0);
+    if (block_stride < 0 || pos_stride < 0 || head_stride < 0 || table_stride < 0)
+        return fail(fault, DECODE_BAD_SIZES, 10, 0, 0);
+    return DECODE_OK;
+}
+
+/* Every index read from a tensor, checked against the buffer it addresses before anything
+ * is read or written: each length in 1..table_cols * block_size, each block id of the
+ * columns a length covers (from its window's first position on) in 0..num_blocks - 1,
+ * each slot of a new row negative (padding) or below num_blocks * block_size. A few
+ * integer compares a sequence: nothing beside the kernel's own page walk. */
+static int check_indices(const int64_t *table, int64_t table_stride, int64_t table_cols,
+                         const int64_t *lens, int64_t n, int block_size, int64_t num_blocks,
+                         int64_t window, const int64_t *slots, int64_t rows, int64_t *fault) {
+    const int64_t positions = table_cols * block_size;
+    for (int64_t b = 0; b < n; b++) {
+        const int64_t len = lens[b];
+        if (len < 1 || len > positions) return fail(fault, DECODE_BAD_LENGTH, b, len, 0);
+        const int64_t *row = table + b * table_stride;
+        for (int64_t c = first_seen(len, window) / block_size; c <= (len - 1) / block_size; c++) {
+            if (row[c] < 0 || row[c] >= num_blocks)
+                return fail(fault, DECODE_BAD_BLOCK, b, c, row[c]);
+        }
+    }
+    const int64_t slot_count = num_blocks * block_size;
+    for (int64_t i = 0; i < rows; i++) {
+        if (slots[i] >= slot_count) return fail(fault, DECODE_BAD_SLOT, i, slots[i], 0);
+    }
+    return DECODE_OK;
+}
+
+/* Returns a status of the enum above. Nothing is read or written before every size and
+ * every index read from the table, the lengths and the slots has been checked. */
 int hwplug_paged_decode(const void *query, int qkind, void *key_cache, void *value_cache,
                         int kind, const float *lut, int64_t block_stride, int64_t pos_stride,
                         int64_t head_stride, const int64_t *table, int64_t table_stride,
                         const int64_t *lens, int64_t n, int kv_heads, int group, int head_size,
                         int block_size, int64_t window, float scale, void *out, int threads,
                         const void *new_keys, const void *new_values, const int64_t *slots,
-                        int64_t new_rows) {
-    if (block_size > MAX_BLOCK) return 2;
-    if (qkind != KIND_F32 && qkind != KIND_BF16) return 3;
-    if (new_keys != NULL && new_rows > 0) {
-        if (kind == KIND_CODES) return 4;
+                        int64_t new_rows, int64_t num_blocks, int64_t table_cols,
+                        int64_t *fault) {
+    if (qkind != KIND_F32 && qkind != KIND_BF16) return DECODE_BAD_QUERY;
+    const int64_t rows_given = new_keys != NULL ? new_rows : 0;
+    int status = check_sizes(n, kv_heads, group, head_size, block_size, num_blocks, table_cols,
+                             window, rows_given, kind, block_stride, pos_stride, head_stride,
+                             table_stride, fault);
+    if (status != DECODE_OK) return status;
+    if (rows_given > 0 && kind == KIND_CODES) return DECODE_CODES_ROWS;
+    status = check_indices(table, table_stride, table_cols, lens, n, block_size, num_blocks,
+                           window, slots, rows_given, fault);
+    if (status != DECODE_OK) return status;
+    if (rows_given > 0) {
         store_rows(new_keys, new_values, slots, new_rows, key_cache, value_cache,
                    kind == KIND_F32 ? 4 : 2, block_stride, pos_stride, head_stride, kv_heads,
                    head_size, block_size);
@@ -453,12 +528,12 @@ int hwplug_paged_decode(const void *query, int qkind, void *key_cache, void *val
      * item's query rows and results in float32 */
     const int64_t work_floats = item_floats + 2 * rows + (int64_t)rows * MAX_BLOCK + head_size +
                                 (qkind == KIND_F32 ? 0 : 2 * item_floats);
-    int failed = 0;
+    int failed = DECODE_OK;
 #pragma omp parallel num_threads(threads > 0 ? threads : 1) reduction(| : failed)
     {
         float *work = (float *)malloc(sizeof(float) * work_floats);
         if (work == NULL) {
-            failed = 1;
+            failed = DECODE_NO_MEMORY;
         }
 #pragma omp for schedule(dynamic, 1)
         for (int64_t item = 0; item < items; item++) {

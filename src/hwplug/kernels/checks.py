@@ -1,0 +1,274 @@
+"""What each native kernel takes, stated once, and the checks that hold every call to it.
+
+No pointer crosses into C (:mod:`hwplug.kernels.bindings`) before its
+tensor has passed the rules of its entry here. An :class:`Entry` lists its
+tensor arguments as :class:`TensorRule` values: their named dimensions (one
+name is one size across every argument that has it), their dtypes, which of
+them the kernel writes (an output shares no memory with any input, and no
+two of its own elements share one). Layout is not a rule: the marshalling
+layer passes strides or copies, so any strides torch takes are computed
+correctly. Scalars have :func:`integer` and :func:`real`.
+
+A bad argument is a :class:`KernelArgumentError` (a ``ValueError``) that
+names the entry, the argument, what it got and what is allowed; a value of
+the wrong type is a ``TypeError``. The checks read shapes, strides, dtypes
+and devices only, never a tensor's values: the indices a kernel reads from
+a tensor (block ids, lengths, slots) are bounded in C, against the buffers
+they address, where they are read.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+
+__all__ = [
+    "Entry",
+    "KernelArgumentError",
+    "TensorRule",
+    "dtype_names",
+    "integer",
+    "real",
+    "shares_memory",
+]
+
+
+class KernelArgumentError(ValueError, RuntimeError):
+    """An argument a native kernel does not take: what it was, where, and what is allowed.
+
+    A ``ValueError``; also a ``RuntimeError``, as torch's own shape errors are, so that
+    code written against ``torch.nn.functional.linear`` keeps catching it.
+    """
+
+
+DtypeRule = frozenset[torch.dtype] | Literal["float", "integer"]
+
+
+@dataclass(frozen=True, slots=True)
+class TensorRule:
+    """One tensor argument of a kernel entry.
+
+    :param name: the argument's name, as the caller spells it.
+    :param dims: a name for each dimension; a name used by several arguments (or twice in
+        one) is one size, bound by the first argument that has it.
+    :param dtypes: the dtypes allowed: a set, ``"float"`` (any floating-point dtype) or
+        ``"integer"`` (signed or unsigned integers, not bool).
+    :param written: the kernel writes it: it may share no memory with another argument,
+        and none of its elements may alias another (a dimension of stride 0).
+    :param optional: None is allowed (the argument is then skipped).
+    :param same_dtype_as: another argument whose dtype this one must have.
+    """
+
+    name: str
+    dims: tuple[str, ...]
+    dtypes: DtypeRule
+    written: bool = False
+    optional: bool = False
+    same_dtype_as: str | None = None
+
+
+@dataclass(frozen=True)
+class Entry:
+    """A native kernel's entry point and the rules of its tensor arguments."""
+
+    name: str
+    tensors: tuple[TensorRule, ...]
+
+    def check(self, given: Mapping[str, object]) -> dict[str, int]:
+        """Check ``given`` (argument name to value) against the rules, in their order, and
+        return the size of each named dimension.
+
+        :raises TypeError: an argument that is not a tensor (or None where allowed).
+        :raises KernelArgumentError: a rank, size, dtype, device or aliasing rule broken.
+        """
+        sizes: dict[str, tuple[int, str]] = {}
+        present: list[tuple[TensorRule, torch.Tensor]] = []
+        for rule in self.tensors:
+            value = given.get(rule.name)
+            if value is None:
+                if rule.optional:
+                    continue
+                raise TypeError(f"{self.name}: {rule.name} is required (a torch.Tensor); got None")
+            if not isinstance(value, torch.Tensor):
+                raise TypeError(
+                    f"{self.name}: {rule.name} must be a torch.Tensor; got {type(value).__name__}"
+                )
+            self._check_one(rule, value, sizes, given)
+            present.append((rule, value))
+        for rule, tensor in present:
+            if rule.written:
+                self._check_written(rule, tensor, present)
+        return {name: size for name, (size, _) in sizes.items()}
+
+    def _check_one(
+        self,
+        rule: TensorRule,
+        tensor: torch.Tensor,
+        sizes: dict[str, tuple[int, str]],
+        given: Mapping[str, object],
+    ) -> None:
+        shape = tuple(tensor.shape)
+        if len(shape) != len(rule.dims):
+            raise KernelArgumentError(
+                f"{self.name}: {rule.name} must be [{', '.join(rule.dims)}] "
+                f"({len(rule.dims)} dimensions); got shape {list(shape)}"
+            )
+        for dim, size in zip(rule.dims, shape, strict=True):
+            bound = sizes.get(dim)
+            if bound is None:
+                sizes[dim] = (size, rule.name)
+            elif bound[0] != size:
+                where = "its own" if bound[1] == rule.name else f"{bound[1]}'s"
+                raise KernelArgumentError(
+                    f"{self.name}: {rule.name} has {dim} = {size} (shape {list(shape)}), but "
+                    f"{where} {dim} is {bound[0]}; they must be equal"
+                )
+        if not _dtype_allowed(tensor.dtype, rule.dtypes):
+            raise KernelArgumentError(
+                f"{self.name}: {rule.name} must be {_describe(rule.dtypes)}; got "
+                f"{dtype_names([tensor.dtype])}"
+            )
+        if rule.same_dtype_as is not None:
+            other = given.get(rule.same_dtype_as)
+            if isinstance(other, torch.Tensor) and other.dtype != tensor.dtype:
+                raise KernelArgumentError(
+                    f"{self.name}: {rule.name} must have {rule.same_dtype_as}'s dtype "
+                    f"({dtype_names([other.dtype])}); got {dtype_names([tensor.dtype])}"
+                )
+        if tensor.device.type != "cpu":
+            raise KernelArgumentError(
+                f"{self.name}: {rule.name} is on {tensor.device}; the native kernels take CPU "
+                "tensors only"
+            )
+        if tensor.layout != torch.strided or tensor.is_mkldnn:
+            raise KernelArgumentError(
+                f"{self.name}: {rule.name} must be a dense (strided) tensor; got {tensor.layout}"
+            )
+
+    def _check_written(
+        self,
+        rule: TensorRule,
+        tensor: torch.Tensor,
+        present: list[tuple[TensorRule, torch.Tensor]],
+    ) -> None:
+        for size, stride in zip(tensor.shape, tensor.stride(), strict=True):
+            if size > 1 and stride == 0:
+                raise KernelArgumentError(
+                    f"{self.name}: {rule.name} is written, but several of its elements are one "
+                    f"memory location (shape {list(tensor.shape)}, strides "
+                    f"{list(tensor.stride())}); pass a tensor whose elements are distinct"
+                )
+        for other_rule, other in present:
+            if other_rule is not rule and shares_memory(tensor, other):
+                raise KernelArgumentError(
+                    f"{self.name}: {rule.name} shares memory with {other_rule.name}; the kernel "
+                    f"writes {rule.name} while it reads {other_rule.name}: pass a separate "
+                    "tensor"
+                )
+
+
+def _dtype_allowed(dtype: torch.dtype, allowed: DtypeRule) -> bool:
+    if allowed == "float":
+        return dtype.is_floating_point
+    if allowed == "integer":
+        return not dtype.is_floating_point and not dtype.is_complex and dtype != torch.bool
+    return dtype in allowed
+
+
+def _describe(allowed: DtypeRule) -> str:
+    if allowed == "float":
+        return "a floating-point tensor"
+    if allowed == "integer":
+        return "an integer tensor (not bool)"
+    return f"one of {dtype_names(allowed)}"
+
+
+def dtype_names(dtypes: Iterable[torch.dtype]) -> str:
+    """Dtypes as users spell them (``float32, bfloat16``), sorted."""
+    return ", ".join(sorted(str(d).removeprefix("torch.") for d in dtypes))
+
+
+def shares_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether ``a`` and ``b`` have an element in common in memory (reads no values).
+
+    Exact for two views with the same strides (interleaved views such as
+    ``combined[:, 0]`` and ``combined[:, 1]`` do not share memory); views with
+    different strides count as sharing whenever their address ranges meet.
+    """
+    if a.numel() == 0 or b.numel() == 0 or a.device != b.device:
+        return False
+    if a.device.type == "meta":  # no memory at all: nothing to share
+        return a is b
+    if a.untyped_storage().data_ptr() != b.untyped_storage().data_ptr():
+        return False
+    size = a.element_size()
+
+    def span(t: torch.Tensor) -> tuple[int, int]:
+        start = t.data_ptr()
+        extent = sum((n - 1) * abs(st) for n, st in zip(t.shape, t.stride(), strict=True))
+        return start, start + (extent + 1) * t.element_size()
+
+    a0, a1 = span(a)
+    b0, b1 = span(b)
+    if not (a0 < b1 and b0 < a1):
+        return False
+    if a.stride() != b.stride() or a.shape != b.shape or b.element_size() != size:
+        return True
+    delta, rem = divmod(b.data_ptr() - a.data_ptr(), size)
+    if rem:
+        return True  # misaligned views of one buffer: be conservative
+    dims = sorted(
+        ((abs(st), n - 1) for n, st in zip(a.shape, a.stride(), strict=True) if n > 1 and st != 0),
+        reverse=True,
+    )
+    return _offset_reachable(delta, dims)
+
+
+def _offset_reachable(delta: int, dims: list[tuple[int, int]]) -> bool:
+    """Whether ``delta`` = sum of ``c * stride`` with ``|c| <= reach`` over ``(stride, reach)``."""
+    if not dims:
+        return delta == 0
+    (stride, reach), rest = dims[0], dims[1:]
+    below = sum(st * r for st, r in rest)  # what the smaller strides can still make up
+    low = max(-reach, -((below - delta) // stride))  # ceil((delta - below) / stride)
+    high = min(reach, (delta + below) // stride)
+    # nested strides (any view of a dense tensor) leave at most a few candidates
+    return any(_offset_reachable(delta - c * stride, rest) for c in range(low, high + 1))
+
+
+def integer(entry: str, name: str, value: object, *, low: int, high: int | None = None) -> int:
+    """``value`` as an int in ``low..high`` (any integral number, not bool or float).
+
+    :raises TypeError: not an integer.
+    :raises KernelArgumentError: outside the range.
+    """
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(
+            f"{entry}: {name} must be an integer; got {value!r} ({type(value).__name__})"
+        )
+    number = int(value)
+    if number < low or (high is not None and number > high):
+        allowed = f">= {low}" if high is None else f"in {low}..{high}"
+        raise KernelArgumentError(f"{entry}: {name} must be {allowed}; got {number}")
+    return number
+
+
+def real(entry: str, name: str, value: object) -> float:
+    """``value`` as a finite float (any real number, not bool).
+
+    :raises TypeError: not a real number.
+    :raises KernelArgumentError: NaN or infinite.
+    """
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(
+            f"{entry}: {name} must be a real number; got {value!r} ({type(value).__name__})"
+        )
+    number = float(value)
+    if not math.isfinite(number):
+        raise KernelArgumentError(f"{entry}: {name} must be finite; got {number}")
+    return number
