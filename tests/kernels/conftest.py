@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import importlib.util
+from collections.abc import Iterator
 
 import pytest
+
+from tests.kernels.isolated import Isolated
 
 HAS_TRITON = importlib.util.find_spec("triton") is not None and (
     importlib.util.find_spec("numpy") is not None
@@ -28,3 +31,12 @@ def interpret(monkeypatch: pytest.MonkeyPatch) -> None:
 def no_interpret(monkeypatch: pytest.MonkeyPatch) -> None:
     """Make sure TRITON_INTERPRET is unset for this test."""
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+
+
+@pytest.fixture(scope="session")
+def isolated() -> Iterator[Isolated]:
+    """Runs a case in a worker process, so that a kernel's crash fails that case only
+    (see :mod:`tests.kernels.isolated`)."""
+    runner = Isolated()
+    yield runner
+    runner.close()

@@ -27,6 +27,7 @@ from hwplug.kernels import (
     triton_unavailable_reason,
     write_kv_cache,
 )
+from tests.kernels.conftest import HAS_TRITON
 from tests.kernels.helpers import assert_same_bytes, edge_values, nearest_even_oracle
 
 FP8 = list(FP8_FORMATS)
@@ -318,3 +319,18 @@ def test_kernel_compiles_for_gpu_targets(
             pytest.skip(f"this triton build cannot compile for {target[0]}: {exc}")
         raise
     assert compiled.asm
+
+
+def test_the_caller_says_whether_its_platform_runs_triton(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The kernels look up no platform: the caller passes its platform's ``runs_triton``;
+    without it, the device type decides (Triton serves cuda and xpu devices)."""
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    refused = triton_unavailable_reason("meta", runs_triton=False)
+    assert "the platform of meta tensors does not run Triton" in (refused or "")
+    assert "Triton has no backend for meta devices" in (triton_unavailable_reason("meta") or "")
+    assert select_backend("auto", "meta", runs_triton=False) == "torch"
+    with pytest.raises(RuntimeError, match="does not run Triton"):
+        select_backend("triton", "meta", runs_triton=False)
+    if HAS_TRITON:
+        assert triton_unavailable_reason("meta", runs_triton=True) is None
+        assert triton_unavailable_reason("cuda") is None  # by device type; nothing initialised

@@ -53,9 +53,14 @@ class TritonAttentionBackend(AttentionBackend):
 
     def attend(self, call: AttentionCall) -> torch.Tensor:
         # lazy: torch; `import hwplug` (which lists the backends) stays light
+        from hwplug.core.session import platform_for_device
         from hwplug.kernels import triton_unavailable_reason
 
-        reason = triton_unavailable_reason(call.query.device)
+        device = call.query.device
+        platform = platform_for_device(device.type) if device.type != "cpu" else None
+        reason = triton_unavailable_reason(
+            device, runs_triton=None if platform is None else platform.runs_triton
+        )
         if reason is not None:
             raise RuntimeError(f"the triton attention backend cannot run here: {reason}")
         # lazy: torch and triton; `import hwplug` (which lists the backends) stays light

@@ -14,12 +14,32 @@ Public entry points:
   paged cache on CPUs (the native kernels are built at first use: see
   :mod:`hwplug.kernels.native`).
 
+Every native entry checks its arguments before a pointer reaches C: a bad
+one is a :class:`KernelArgumentError` (a ``ValueError``; a wrong type is a
+:class:`KernelTypeError`, also a ``TypeError``) naming the argument, its
+value and what is allowed, and the indices a kernel reads from a tensor are
+bounded in C. The package reads as three layers:
+
+- entry points and their rules: :mod:`~hwplug.kernels.linear`,
+  :mod:`~hwplug.kernels.cpu_linear`, :mod:`~hwplug.kernels.cpu_decode`,
+  :mod:`~hwplug.kernels.paged_kv`, with :mod:`~hwplug.kernels.checks` (the
+  rules of each entry, stated once);
+- the ctypes marshalling: :mod:`~hwplug.kernels.bindings` (the only module
+  that hands a pointer to C), over :mod:`~hwplug.kernels.native` (building,
+  caching and loading the library);
+- the C sources: ``csrc/``.
+
+The kernels take tensors, dtypes and plain values only: they look up no
+session or platform (a caller that knows its platform passes what it says,
+such as ``runs_triton``).
+
 Importing this package imports torch but not triton: Triton is loaded only
 when a Triton kernel is about to run.
 """
 
 from __future__ import annotations
 
+from hwplug.kernels.checks import KernelArgumentError, KernelTypeError
 from hwplug.kernels.cpu_decode import (
     NATIVE_CACHE_DTYPES,
     NATIVE_MAX_BLOCK_SIZE,
@@ -47,6 +67,7 @@ from hwplug.kernels.formats import (
 from hwplug.kernels.linear import LINEAR_BACKENDS, linear, native_linear_rows
 from hwplug.kernels.paged_kv import (
     BACKENDS,
+    TRITON_DEVICE_TYPES,
     compute_kv_scales,
     gather_kv_cache,
     select_backend,
@@ -59,11 +80,14 @@ __all__ = [
     "CACHE_DTYPES",
     "FP8_FORMATS",
     "INPUT_DTYPES",
+    "KernelArgumentError",
+    "KernelTypeError",
     "LINEAR_BACKENDS",
     "NATIVE_CACHE_DTYPES",
     "NATIVE_LINEAR_DTYPES",
     "NATIVE_LINEAR_MAX_ROWS",
     "NATIVE_MAX_BLOCK_SIZE",
+    "TRITON_DEVICE_TYPES",
     "Fp8Format",
     "compute_kv_scales",
     "fp8_format",

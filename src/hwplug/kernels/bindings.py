@@ -175,7 +175,10 @@ def linear(
     lib = _loaded("linear")
     rows, inputs = x.shape
     features = weight.shape[0]
-    bias_pointer = None if bias is None else bias.contiguous().data_ptr()
+    # (the contiguous copy is kept in a name until the call returns: a pointer into a
+    # temporary would dangle)
+    bias = None if bias is None else bias.contiguous()
+    bias_pointer = None if bias is None else bias.data_ptr()
     threads = torch.get_num_threads()
     if pairs is not None:
         x = x if x.stride(1) == 1 else x.contiguous()

@@ -11,10 +11,11 @@ correctly. Scalars have :func:`integer` and :func:`real`.
 
 A bad argument is a :class:`KernelArgumentError` (a ``ValueError``) that
 names the entry, the argument, what it got and what is allowed; a value of
-the wrong type is a ``TypeError``. The checks read shapes, strides, dtypes
-and devices only, never a tensor's values: the indices a kernel reads from
-a tensor (block ids, lengths, slots) are bounded in C, against the buffers
-they address, where they are read.
+the wrong type is a :class:`KernelTypeError` (a ``TypeError`` too). The
+checks read shapes, strides, dtypes and devices only, never a tensor's
+values: the indices a kernel reads from a tensor (block ids, lengths,
+slots) are bounded in C, against the buffers they address, where they are
+read.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ import torch
 __all__ = [
     "Entry",
     "KernelArgumentError",
+    "KernelTypeError",
     "TensorRule",
     "dtype_names",
     "integer",
@@ -44,6 +46,12 @@ class KernelArgumentError(ValueError, RuntimeError):
     A ``ValueError``; also a ``RuntimeError``, as torch's own shape errors are, so that
     code written against ``torch.nn.functional.linear`` keeps catching it.
     """
+
+
+class KernelTypeError(TypeError, KernelArgumentError):
+    """An argument of the wrong type (not a tensor, a float where an int is taken): a
+    ``TypeError``, and a :class:`KernelArgumentError` (so a ``ValueError``) as the
+    kernels' documented errors for bad arguments are."""
 
 
 DtypeRule = frozenset[torch.dtype] | Literal["float", "integer"]
@@ -93,9 +101,11 @@ class Entry:
             if value is None:
                 if rule.optional:
                     continue
-                raise TypeError(f"{self.name}: {rule.name} is required (a torch.Tensor); got None")
+                raise KernelTypeError(
+                    f"{self.name}: {rule.name} is required (a torch.Tensor); got None"
+                )
             if not isinstance(value, torch.Tensor):
-                raise TypeError(
+                raise KernelTypeError(
                     f"{self.name}: {rule.name} must be a torch.Tensor; got {type(value).__name__}"
                 )
             self._check_one(rule, value, sizes, given)
@@ -248,7 +258,7 @@ def integer(entry: str, name: str, value: object, *, low: int, high: int | None 
     :raises KernelArgumentError: outside the range.
     """
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(
+        raise KernelTypeError(
             f"{entry}: {name} must be an integer; got {value!r} ({type(value).__name__})"
         )
     number = int(value)
@@ -265,7 +275,7 @@ def real(entry: str, name: str, value: object) -> float:
     :raises KernelArgumentError: NaN or infinite.
     """
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(
+        raise KernelTypeError(
             f"{entry}: {name} must be a real number; got {value!r} ({type(value).__name__})"
         )
     number = float(value)

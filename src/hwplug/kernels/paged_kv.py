@@ -23,7 +23,6 @@ from typing import Literal
 
 import torch
 
-from hwplug.core.session import platform_for_device
 from hwplug.kernels import reference
 from hwplug.kernels.checks import shares_memory
 from hwplug.kernels.formats import CACHE_DTYPES, INPUT_DTYPES, fp8_format
@@ -34,6 +33,7 @@ __all__ = [
     "gather_kv_cache",
     "select_backend",
     "shares_memory",
+    "TRITON_DEVICE_TYPES",
     "triton_unavailable_reason",
     "write_kv_cache",
 ]
@@ -73,14 +73,24 @@ def _triton_import_problem() -> str | None:
     return _import_error or None
 
 
-def triton_unavailable_reason(device: torch.device | str) -> str | None:
+TRITON_DEVICE_TYPES = frozenset({"cuda", "xpu"})
+"""The torch device types Triton has a backend for (NVIDIA and AMD GPUs are ``cuda``
+devices to torch, Intel GPUs ``xpu``): what :func:`triton_unavailable_reason` assumes
+of a device when its caller does not say whether the platform runs Triton."""
+
+
+def triton_unavailable_reason(
+    device: torch.device | str, *, runs_triton: bool | None = None
+) -> str | None:
     """Why the Triton kernels cannot run on tensors on ``device``, or None when they can.
 
-    They run on the devices of a platform that runs Triton (its ``runs_triton``:
-    the active session's platform answers for tensors of its ``device_type``),
-    and on CPU tensors, or such a platform's, in Triton's interpreter when
-    ``TRITON_INTERPRET=1`` is set at the time of the call. Never initialises a
-    device runtime.
+    They run on the devices of a platform that runs Triton, and on CPU tensors,
+    or such a platform's, in Triton's interpreter when ``TRITON_INTERPRET=1`` is
+    set at the time of the call. ``runs_triton`` is the platform's answer for
+    ``device`` (``Platform.runs_triton``: the attention backends pass their
+    session's); None judges by device type (:data:`TRITON_DEVICE_TYPES`). The
+    kernels never look the platform up themselves. Never initialises a device
+    runtime.
     """
     device = torch.device(device)
     interpret = _interpret_requested()
@@ -91,12 +101,14 @@ def triton_unavailable_reason(device: torch.device | str) -> str | None:
                 "TRITON_INTERPRET=1 to run the kernels in Triton's interpreter"
             )
     else:
-        platform = platform_for_device(device.type)
-        if platform is None or not platform.runs_triton:
+        runs = device.type in TRITON_DEVICE_TYPES if runs_triton is None else runs_triton
+        if not runs:
             why = (
-                f"the session's platform has no {device.type} devices"
-                if platform is None
-                else f"the {platform.name} platform does not run Triton (its runs_triton)"
+                f"Triton has no backend for {device.type} devices (it runs on "
+                f"{', '.join(sorted(TRITON_DEVICE_TYPES))}; pass runs_triton=True for a "
+                "platform that runs it)"
+                if runs_triton is None
+                else f"the platform of {device.type} tensors does not run Triton (its runs_triton)"
             )
             if interpret:
                 return (
@@ -116,17 +128,20 @@ def _check_backend_name(backend: object) -> None:
         )
 
 
-def select_backend(backend: str, device: torch.device | str) -> Literal["torch", "triton"]:
+def select_backend(
+    backend: str, device: torch.device | str, *, runs_triton: bool | None = None
+) -> Literal["torch", "triton"]:
     """The backend that will run for ``backend`` on tensors on ``device``.
 
-    ``"auto"`` picks Triton where it can run (see :func:`triton_unavailable_reason`)
+    ``"auto"`` picks Triton where it can run (see :func:`triton_unavailable_reason`,
+    which takes ``runs_triton``)
     and the torch reference elsewhere. ``"triton"`` where Triton cannot run is a
     ``RuntimeError`` saying why; an unknown name is a ``ValueError``.
     """
     _check_backend_name(backend)
     if backend == "torch":
         return "torch"
-    reason = triton_unavailable_reason(device)
+    reason = triton_unavailable_reason(device, runs_triton=runs_triton)
     if reason is None:
         return "triton"
     if backend == "triton":
@@ -285,6 +300,7 @@ def write_kv_cache(
     v_scale: float | torch.Tensor = 1.0,
     *,
     backend: Backend = "auto",
+    runs_triton: bool | None = None,
 ) -> None:
     """Store ``key[i]`` and ``value[i]`` in slot ``slot_mapping[i]`` of the caches.
 
@@ -325,7 +341,7 @@ def write_kv_cache(
     _check_slot_range(slots, tuple(kc.shape))
     ks = _scale_value("k_scale", k_scale)
     vs = _scale_value("v_scale", v_scale)
-    runner = select_backend(backend, device)
+    runner = select_backend(backend, device, runs_triton=runs_triton)
     if runner == "torch":
         reference.write_rows(k, kc, slots, ks)
         reference.write_rows(v, vc, slots, vs)
@@ -348,6 +364,7 @@ def gather_kv_cache(
     *,
     dtype: torch.dtype,
     backend: Backend = "auto",
+    runs_triton: bool | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Read slots ``slot_mapping`` of the caches back: the inverse of :func:`write_kv_cache`.
 
@@ -365,7 +382,7 @@ def gather_kv_cache(
     _check_slot_range(slots, tuple(kc.shape))
     ks = _scale_value("k_scale", k_scale)
     vs = _scale_value("v_scale", v_scale)
-    runner = select_backend(backend, device)
+    runner = select_backend(backend, device, runs_triton=runs_triton)
     if runner == "torch":
         return (
             reference.gather_rows(kc, slots, ks, dtype),
