@@ -4,14 +4,18 @@ from __future__ import annotations
 
 import contextvars
 import logging
+import subprocess
+import sys
+import textwrap
 import threading
+import time
 
 import pytest
 import torch
 
 import hwplug
 from hwplug.compilation import BackgroundCompilation, compile_model, compiles_in_background
-from hwplug.compilation.background import BUILT_IN_BACKENDS, ENV
+from hwplug.compilation.background import BUILT_IN_BACKENDS, ENV, CompilationCancelled
 from hwplug.core.config import EngineConfig
 
 
@@ -139,3 +143,116 @@ def test_a_model_compiled_in_the_background_matches_the_eager_one() -> None:
     assert job.wait(120) and job.error is None
     assert callable(job.result)
     torch.testing.assert_close(job.result(x), expected)
+
+
+def _run_python(code: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+def test_the_interpreter_never_finalises_under_a_compilation_thread() -> None:
+    # What aborted `python -m tiny_engine` about once in 16 runs ("terminate called
+    # without an active exception", status 134): the worker set its result, the caller
+    # stopped waiting and the interpreter finalised while the worker was still ending;
+    # freeing a tensor of its thread-locals (as Dynamo and Inductor leave them), torch
+    # released the interpreter lock, and asking for it back during finalisation ended
+    # the thread with pthread_exit inside torch's C++ code, which called std::terminate.
+    # Freeing a large tensor holds the lock released long enough to make it certain.
+    result = _run_python(
+        """
+        import sys, threading, torch
+        from hwplug.compilation import BackgroundCompilation
+
+        local = threading.local()
+
+        def build():
+            local.tensor = torch.ones(1 << 25)
+            return "built"
+
+        job = BackgroundCompilation(build, name="probe")
+        assert job.wait(60) and job.result == "built"
+        sys.exit(0)
+        """
+    )
+    assert result.returncode == 0, result.stderr
+    assert "terminate called" not in result.stderr
+
+
+def test_wait_returns_once_the_thread_has_ended_not_when_the_result_is_set() -> None:
+    local = threading.local()
+    freed = threading.Event()
+
+    class SlowToFree:
+        def __del__(self) -> None:
+            time.sleep(0.3)
+            freed.set()
+
+    def build() -> str:
+        local.slow = SlowToFree()  # freed as the thread ends, after the result is set
+        return "built"
+
+    job = BackgroundCompilation(build, name="slow-end")
+    assert job.wait(30) and job.done and job.result == "built"
+    assert freed.is_set(), "wait() returned while the thread was still ending"
+
+
+def test_cancel_stops_a_running_build_and_joins_its_thread(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    started = threading.Event()
+
+    def build() -> str:
+        started.set()
+        while True:  # pure Python: the cancellation arrives at the next instruction
+            pass
+
+    with caplog.at_level(logging.WARNING, logger="hwplug.compilation.background"):
+        job = BackgroundCompilation(build, name="endless")
+        assert started.wait(30)
+        begin = time.monotonic()
+        assert job.cancel(30)
+        took = time.monotonic() - begin
+    assert took < 5, took
+    assert job.done and job.result is None
+    assert isinstance(job.error, CompilationCancelled)
+    assert "cancelled" in repr(job)
+    assert "hwplug-compile-endless" not in {t.name for t in threading.enumerate()}
+    assert not caplog.records, "a cancellation is not a failure"
+    assert job.cancel() and job.wait(0)  # idempotent
+
+
+def test_cancelling_a_finished_compilation_keeps_its_result() -> None:
+    job = BackgroundCompilation(lambda: "built", name="finished")
+    assert job.wait(30)
+    assert job.cancel(30)
+    assert job.result == "built" and job.error is None
+
+
+def test_the_interpreter_exit_cancels_a_running_compilation_instead_of_waiting() -> None:
+    # it waited for the compilation to finish (up to 600 s): an exit that took 12 s for
+    # a generation of 1 s, for a compiled model nobody would use
+    result = _run_python(
+        """
+        import threading
+        from hwplug.compilation import BackgroundCompilation
+
+        started = threading.Event()
+
+        def build():
+            started.set()
+            while True:
+                pass
+
+        job = BackgroundCompilation(build, name="endless")
+        assert started.wait(30)
+        print("leaving", flush=True)
+        """,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "leaving\n" and result.stderr == ""

@@ -10,7 +10,7 @@ import tiny_engine.runner
 from tiny_engine import LLM
 
 from hwplug import ConfigError
-from hwplug.compilation.background import ENV
+from hwplug.compilation.background import ENV, CompilationCancelled
 from tests.engine.conftest import prompts_of
 
 pytest.importorskip("transformers")
@@ -76,3 +76,18 @@ def test_wait_compiled_on_a_closed_engine_is_an_error(llama: Path) -> None:
     llm.close()
     with pytest.raises(RuntimeError, match="the engine is closed"):
         llm.wait_compiled()
+
+
+def test_closing_the_engine_cancels_its_compilation_and_joins_the_thread(
+    llama: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv(ENV, raising=False)
+    llm = LLM(llama, config=_config(), platform="cpu")
+    job = llm.runner.background
+    assert job is not None and not job.done, "the compilation runs in the background"
+    assert len(llm.generate(prompts_of([4]), max_tokens=2, ignore_eos=True)[0]) == 2
+    finished_before = job.done
+    llm.close()  # the compiled model will not be used: no waiting for it
+    assert job.done, "no compilation thread is left running"
+    if not finished_before:
+        assert isinstance(job.error, CompilationCancelled) and job.result is None

@@ -17,9 +17,22 @@ engine serves, so that a wrong name is an error there and then), and
 
 The worker thread runs in a copy of the caller's :mod:`contextvars` context
 (hwplug's current platform and session carry over) with the caller's grad and
-inference modes, which Dynamo guards on. A compilation still running when the
-interpreter exits is waited for, so that the interpreter never finalises
-under a thread inside torch's C++ code.
+inference modes, which Dynamo guards on.
+
+The interpreter must never finalise while the worker thread lives, not even
+while it only tears itself down: a Python thread that ends clears its
+``threading.local`` data, torch's tensors among it (Dynamo and Inductor keep
+some there), and torch releases the interpreter lock to free a tensor. If the
+main thread has begun to finalise when the worker asks for the lock back,
+CPython ends the worker with ``pthread_exit`` inside torch's C++ destructor,
+whose forced unwinding calls ``std::terminate``: the process aborted with
+"terminate called without an active exception" (status 134) after printing
+its results. So :meth:`~BackgroundCompilation.wait` joins the thread (its
+``done`` is the thread's end, not a flag the thread sets before it ends), and
+a compilation whose result nobody will use is cancelled, not waited for
+(:meth:`~BackgroundCompilation.cancel`, which the interpreter's exit calls on
+every compilation still running): an exception raised in the worker thread at
+its next Python instruction stops it, and the thread is joined.
 """
 
 from __future__ import annotations
@@ -39,7 +52,13 @@ from hwplug.core.config import CUDAGraphMode
 if TYPE_CHECKING:
     from hwplug.core.config import EngineConfig
 
-__all__ = ["BUILT_IN_BACKENDS", "ENV", "BackgroundCompilation", "compiles_in_background"]
+__all__ = [
+    "BUILT_IN_BACKENDS",
+    "ENV",
+    "BackgroundCompilation",
+    "CompilationCancelled",
+    "compiles_in_background",
+]
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +75,7 @@ BUILT_IN_BACKENDS = frozenset({"", "inductor", "eager", "aot_eager"})
 _running: weakref.WeakSet[BackgroundCompilation[object]] = weakref.WeakSet()
 _exiting = threading.Event()
 """Set when the interpreter exits: a compilation that fails then (torch refuses new
-exit handlers) is logged at debug level, not as a warning."""
+exit handlers, its compile workers are gone) is logged at debug level, not as a warning."""
 
 
 def compiles_in_background(config: EngineConfig, *, world_size: int = 1) -> bool:
@@ -85,15 +104,26 @@ def compiles_in_background(config: EngineConfig, *, world_size: int = 1) -> bool
     )
 
 
+class CompilationCancelled(BaseException):
+    """Raised inside a background compilation's worker thread by
+    :meth:`BackgroundCompilation.cancel`; it never leaves that thread. A
+    ``BaseException``, so that torch's ``except Exception`` handlers let it through."""
+
+
+def _checkpoint() -> None:
+    """A Python call: an exception pending for this thread is raised here at the latest."""
+
+
 class BackgroundCompilation(Generic[_T]):
     """``build()`` run once in a daemon worker thread, started at construction.
 
     ``build`` compiles the model and runs its warm-up step, returning what the
     engine then calls (typically the compiled model). Until :attr:`done`, the
     engine keeps its eager model; then :attr:`result` is the built callable, or
-    None when ``build`` raised: :attr:`error` holds the exception (logged as a
-    warning) and the engine stays eager. :attr:`seconds` is how long it took.
-    ``name`` names the thread and the log lines.
+    None when ``build`` raised or was cancelled: :attr:`error` holds the
+    exception (a failure is logged as a warning, a cancellation is not) and the
+    engine stays eager. :attr:`seconds` is how long it took. ``name`` names the
+    thread and the log lines.
     """
 
     def __init__(self, build: Callable[[], _T], *, name: str = "model") -> None:
@@ -103,10 +133,14 @@ class BackgroundCompilation(Generic[_T]):
         self.result: _T | None = None
         """The built callable, once :attr:`done` without an error."""
         self.error: BaseException | None = None
-        """What ``build`` raised, once :attr:`done`."""
+        """What ``build`` raised (:class:`CompilationCancelled` after :meth:`cancel`),
+        once :attr:`done`."""
         self.seconds: float | None = None
-        """Seconds from the start to :attr:`done`."""
-        self._done = threading.Event()
+        """Seconds from the start to the end of ``build``."""
+        self._building = True
+        """``build`` may still be running: :meth:`cancel` raises in the thread only
+        while this holds (both sides read and write it under the interpreter lock)."""
+        self._cancelled = False
         self._started = time.perf_counter()
         grad = torch.is_grad_enabled()
         inference = torch.is_inference_mode_enabled()
@@ -116,9 +150,12 @@ class BackgroundCompilation(Generic[_T]):
             try:
                 with torch.inference_mode(inference), torch.set_grad_enabled(grad):
                     result = build()
+            except CompilationCancelled as exc:
+                self.error = exc
             except BaseException as exc:  # reported through `error`, never lost
                 self.error = exc
-                (log.debug if _exiting.is_set() else log.warning)(
+                quiet = self._cancelled or _exiting.is_set()
+                (log.debug if quiet else log.warning)(
                     "compiling %s in the background failed; it keeps running eagerly: %s: %s",
                     name,
                     type(exc).__name__,
@@ -127,44 +164,99 @@ class BackgroundCompilation(Generic[_T]):
             else:
                 self.result = result
             finally:
+                self._building = False
                 self.seconds = time.perf_counter() - self._started
-                self._done.set()
 
-        self._thread = threading.Thread(
-            target=context.run, args=(work,), name=f"hwplug-compile-{name}", daemon=True
-        )
+        def run() -> None:
+            try:
+                context.run(work)
+                _checkpoint()  # a cancellation sent as `build` returned arrives here
+            except CompilationCancelled as exc:  # arrived in the handlers above
+                self._building = False
+                if self.error is None:
+                    self.result, self.error = None, exc
+
+        self._thread = threading.Thread(target=run, name=f"hwplug-compile-{name}", daemon=True)
         _running.add(self)  # type: ignore[arg-type]
         self._thread.start()
 
     @property
     def done(self) -> bool:
-        """The worker has finished (built, or failed)."""
-        return self._done.is_set()
+        """The worker thread has ended (built, failed or cancelled)."""
+        return not self._thread.is_alive()
 
     def wait(self, timeout: float | None = None) -> bool:
-        """Block until :attr:`done` or ``timeout`` seconds; returns :attr:`done`.
-        Called from the worker thread itself it returns at once."""
+        """Block until :attr:`done` (the worker thread has ended, not merely produced its
+        result) or ``timeout`` seconds; returns :attr:`done`. Called from the worker
+        thread itself it returns at once."""
         if threading.current_thread() is self._thread:
             return self.done
-        return self._done.wait(timeout)
+        self._thread.join(timeout)
+        return self.done
+
+    def cancel(self, timeout: float | None = None) -> bool:
+        """Stop the compilation (its result will not be used) and join its thread, for at
+        most ``timeout`` seconds; returns :attr:`done`.
+
+        :class:`CompilationCancelled` is raised in the worker thread at its next
+        Python instruction: a call it is making into torch's C++ code, or a wait
+        for a compiler process, finishes first. Idempotent; a compilation that
+        has finished is only joined.
+        """
+        if threading.current_thread() is self._thread:
+            return self.done
+        self._cancelled = True
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not self.done:
+            if self._building:
+                _raise_in(self._thread, CompilationCancelled)
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                break
+            self._thread.join(_CANCEL_POLL if left is None else min(left, _CANCEL_POLL))
+        return self.done
 
     def __repr__(self) -> str:
-        state = (
-            "running"
-            if not self.done
-            else ("failed" if self.error is not None else f"built in {self.seconds:.1f} s")
-        )
+        if not self.done:
+            state = "running"
+        elif isinstance(self.error, CompilationCancelled):
+            state = "cancelled"
+        elif self.error is not None:
+            state = "failed"
+        else:
+            state = f"built in {self.seconds:.1f} s"
         return f"BackgroundCompilation({self.name!r}, {state})"
 
 
-EXIT_WAIT_SECONDS = 600.0
-"""How long the interpreter's exit waits for each compilation still running."""
+_CANCEL_POLL = 0.02
+"""Seconds between two cancellation requests (torch code that catches every exception and
+carries on gets another)."""
+
+
+def _raise_in(thread: threading.Thread, exc_type: type[BaseException]) -> None:
+    """Raise ``exc_type`` in ``thread`` at its next Python instruction."""
+    import ctypes
+
+    ident = thread.ident
+    if ident is not None:
+        set_async_exc = ctypes.pythonapi.PyThreadState_SetAsyncExc
+        set_async_exc(ctypes.c_ulong(ident), ctypes.py_object(exc_type))
+
+
+EXIT_WAIT_SECONDS = 60.0
+"""How long the interpreter's exit waits for each cancelled compilation's thread to end
+(it ends at its next Python instruction: seconds at most, behind a compiler process)."""
 
 
 @atexit.register
-def _wait_for_running() -> None:
-    """Let every running compilation finish before the interpreter finalises (each for
-    at most :data:`EXIT_WAIT_SECONDS`)."""
+def _cancel_running() -> None:
+    """Cancel every running compilation and join its thread before the interpreter
+    finalises (see the module's docstring)."""
     _exiting.set()
     for compilation in list(_running):
-        compilation.wait(EXIT_WAIT_SECONDS)
+        if not compilation.cancel(EXIT_WAIT_SECONDS):
+            log.warning(
+                "compiling %s in the background did not stop within %.0f s of the exit",
+                compilation.name,
+                EXIT_WAIT_SECONDS,
+            )

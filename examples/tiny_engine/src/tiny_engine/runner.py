@@ -398,6 +398,14 @@ class ModelRunner:
         self._adopt(pending)
         return True
 
+    def cancel_compilation(self) -> None:
+        """Stop a background compilation whose result will not be used (the engine is
+        closing) and join its thread; the runner stays as it is (eager, or compiled)."""
+        pending = self.background
+        if pending is not None:
+            pending.cancel()
+            self.background, self._finished = None, pending
+
     def compilation_state(self) -> dict[str, Any]:
         """How compilation stands: ``compiled`` (steps run compiled code),
         ``compiling_in_background`` (a worker thread is still at it), and for a

@@ -236,10 +236,11 @@ class Worker:
         return os.getpid()
 
     def shutdown(self) -> None:
-        """Wait for a background compilation (its thread holds the model), then leave
-        the process group."""
+        """Cancel a background compilation (its result will not be used; its thread is
+        joined, so none is left running at the interpreter's exit), then leave the
+        process group."""
         if self.runner is not None:
-            self.runner.wait_compiled()
+            self.runner.cancel_compilation()
         if self.world_size > 1:
             distributed.register_communicator(TP_GROUP, None)
             self.platform.destroy_distributed()
