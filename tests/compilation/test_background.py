@@ -9,6 +9,7 @@ import sys
 import textwrap
 import threading
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -256,3 +257,26 @@ def test_the_interpreter_exit_cancels_a_running_compilation_instead_of_waiting()
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout == "leaving\n" and result.stderr == ""
+
+
+def test_cancel_never_interrupts_an_import(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # an interrupted import leaves a half-made module (a cancelled Inductor compile left
+    # `sympy` without `sympy.core` for the rest of the process)
+    (tmp_path / "slow_to_import.py").write_text("import time\ntime.sleep(0.5)\nVALUE = 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "slow_to_import", raising=False)
+    importing = threading.Event()
+
+    def build() -> str:
+        importing.set()
+        import slow_to_import  # noqa: F401
+
+        while True:
+            pass
+
+    job = BackgroundCompilation(build, name="importing")
+    assert importing.wait(30)
+    time.sleep(0.05)
+    assert job.cancel(30)
+    assert isinstance(job.error, CompilationCancelled)
+    assert sys.modules["slow_to_import"].VALUE == 1

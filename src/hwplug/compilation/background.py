@@ -199,9 +199,9 @@ class BackgroundCompilation(Generic[_T]):
         most ``timeout`` seconds; returns :attr:`done`.
 
         :class:`CompilationCancelled` is raised in the worker thread at its next
-        Python instruction: a call it is making into torch's C++ code, or a wait
-        for a compiler process, finishes first. Idempotent; a compilation that
-        has finished is only joined.
+        Python instruction: a call it is making into torch's C++ code, a wait for
+        a compiler process, or an import (never interrupted) finishes first.
+        Idempotent; a compilation that has finished is only joined.
         """
         if threading.current_thread() is self._thread:
             return self.done
@@ -234,13 +234,30 @@ carries on gets another)."""
 
 
 def _raise_in(thread: threading.Thread, exc_type: type[BaseException]) -> None:
-    """Raise ``exc_type`` in ``thread`` at its next Python instruction."""
+    """Raise ``exc_type`` in ``thread`` at its next Python instruction, unless it is
+    importing a module: an import it interrupted would leave a half-made module behind
+    for the rest of the process (the caller asks again a moment later)."""
     import ctypes
 
     ident = thread.ident
-    if ident is not None:
-        set_async_exc = ctypes.pythonapi.PyThreadState_SetAsyncExc
-        set_async_exc(ctypes.c_ulong(ident), ctypes.py_object(exc_type))
+    if ident is None or _importing(ident):
+        return
+    set_async_exc = ctypes.pythonapi.PyThreadState_SetAsyncExc
+    set_async_exc(ctypes.c_ulong(ident), ctypes.py_object(exc_type))
+    if _importing(ident):  # it began one in between: take the request back
+        set_async_exc(ctypes.c_ulong(ident), None)
+
+
+def _importing(ident: int) -> bool:
+    """Whether the thread ``ident`` is running Python's import machinery."""
+    import sys
+
+    frame = sys._current_frames().get(ident)
+    while frame is not None:
+        if frame.f_code.co_filename.startswith("<frozen importlib"):
+            return True
+        frame = frame.f_back
+    return False
 
 
 EXIT_WAIT_SECONDS = 60.0
