@@ -82,112 +82,142 @@ class TensorRule:
 
 @dataclass(frozen=True)
 class Entry:
-    """A native kernel's entry point and the rules of its tensor arguments."""
+    """A native kernel's entry point and the rules of its tensor arguments.
+
+    :meth:`check` runs on every call of a hot path (a decode step checks once per
+    layer), so it is written for speed: each rule's dtypes are a set looked up once,
+    and memory is compared as spans of addresses, the exact test run only where two
+    spans meet.
+    """
 
     name: str
     tensors: tuple[TensorRule, ...]
+
+    def __post_init__(self) -> None:
+        allowed = {rule.name: _allowed_set(rule.dtypes) for rule in self.tensors}
+        object.__setattr__(self, "_allowed", allowed)
+        object.__setattr__(self, "_writes", any(rule.written for rule in self.tensors))
 
     def check(self, given: Mapping[str, object]) -> dict[str, int]:
         """Check ``given`` (argument name to value) against the rules, in their order, and
         return the size of each named dimension.
 
-        :raises TypeError: an argument that is not a tensor (or None where allowed).
+        :raises KernelTypeError: an argument that is not a tensor (or None where allowed).
         :raises KernelArgumentError: a rank, size, dtype, device or aliasing rule broken.
         """
-        sizes: dict[str, tuple[int, str]] = {}
-        present: list[tuple[TensorRule, torch.Tensor]] = []
+        sizes: dict[str, int] = {}
+        bound_by: dict[str, str] = {}
+        spans: list[tuple[TensorRule, torch.Tensor, int, int]] = []
+        allowed: dict[str, frozenset[torch.dtype]] = self._allowed  # type: ignore[attr-defined]
+        writes: bool = self._writes  # type: ignore[attr-defined]
         for rule in self.tensors:
-            value = given.get(rule.name)
-            if value is None:
+            tensor = given.get(rule.name)
+            if tensor is None:
                 if rule.optional:
                     continue
                 raise KernelTypeError(
                     f"{self.name}: {rule.name} is required (a torch.Tensor); got None"
                 )
-            if not isinstance(value, torch.Tensor):
+            if not isinstance(tensor, torch.Tensor):
                 raise KernelTypeError(
-                    f"{self.name}: {rule.name} must be a torch.Tensor; got {type(value).__name__}"
+                    f"{self.name}: {rule.name} must be a torch.Tensor; got {type(tensor).__name__}"
                 )
-            self._check_one(rule, value, sizes, given)
-            present.append((rule, value))
-        for rule, tensor in present:
-            if rule.written:
-                self._check_written(rule, tensor, present)
-        return {name: size for name, (size, _) in sizes.items()}
+            shape = tensor.shape
+            if len(shape) != len(rule.dims):
+                raise KernelArgumentError(
+                    f"{self.name}: {rule.name} must be [{', '.join(rule.dims)}] "
+                    f"({len(rule.dims)} dimensions); got shape {list(shape)}"
+                )
+            for dim, size in zip(rule.dims, shape):
+                known = sizes.get(dim)
+                if known is None:
+                    sizes[dim] = size
+                    bound_by[dim] = rule.name
+                elif known != size:
+                    self._size_error(rule, tensor, dim, known, bound_by[dim])
+            if tensor.dtype not in allowed[rule.name]:
+                raise KernelArgumentError(
+                    f"{self.name}: {rule.name} must be {_describe(rule.dtypes)}; got "
+                    f"{dtype_names([tensor.dtype])}"
+                )
+            if rule.same_dtype_as is not None:
+                other = given.get(rule.same_dtype_as)
+                if isinstance(other, torch.Tensor) and other.dtype != tensor.dtype:
+                    raise KernelArgumentError(
+                        f"{self.name}: {rule.name} must have {rule.same_dtype_as}'s dtype "
+                        f"({dtype_names([other.dtype])}); got {dtype_names([tensor.dtype])}"
+                    )
+            if not tensor.is_cpu:
+                raise KernelArgumentError(
+                    f"{self.name}: {rule.name} is on {tensor.device}; the native kernels take "
+                    "CPU tensors only"
+                )
+            if tensor.layout is not torch.strided:
+                raise KernelArgumentError(
+                    f"{self.name}: {rule.name} must be a dense (strided) tensor; got "
+                    f"{tensor.layout}"
+                )
+            if writes and tensor.numel():
+                spans.append((rule, tensor, *self._span(rule, tensor)))
+        if writes:
+            self._check_written(spans)
+        return sizes
 
-    def _check_one(
-        self,
-        rule: TensorRule,
-        tensor: torch.Tensor,
-        sizes: dict[str, tuple[int, str]],
-        given: Mapping[str, object],
+    def _size_error(
+        self, rule: TensorRule, tensor: torch.Tensor, dim: str, known: int, bound_by: str
     ) -> None:
-        shape = tuple(tensor.shape)
-        if len(shape) != len(rule.dims):
-            raise KernelArgumentError(
-                f"{self.name}: {rule.name} must be [{', '.join(rule.dims)}] "
-                f"({len(rule.dims)} dimensions); got shape {list(shape)}"
-            )
-        for dim, size in zip(rule.dims, shape, strict=True):
-            bound = sizes.get(dim)
-            if bound is None:
-                sizes[dim] = (size, rule.name)
-            elif bound[0] != size:
-                where = "its own" if bound[1] == rule.name else f"{bound[1]}'s"
-                raise KernelArgumentError(
-                    f"{self.name}: {rule.name} has {dim} = {size} (shape {list(shape)}), but "
-                    f"{where} {dim} is {bound[0]}; they must be equal"
-                )
-        if not _dtype_allowed(tensor.dtype, rule.dtypes):
-            raise KernelArgumentError(
-                f"{self.name}: {rule.name} must be {_describe(rule.dtypes)}; got "
-                f"{dtype_names([tensor.dtype])}"
-            )
-        if rule.same_dtype_as is not None:
-            other = given.get(rule.same_dtype_as)
-            if isinstance(other, torch.Tensor) and other.dtype != tensor.dtype:
-                raise KernelArgumentError(
-                    f"{self.name}: {rule.name} must have {rule.same_dtype_as}'s dtype "
-                    f"({dtype_names([other.dtype])}); got {dtype_names([tensor.dtype])}"
-                )
-        if tensor.device.type != "cpu":
-            raise KernelArgumentError(
-                f"{self.name}: {rule.name} is on {tensor.device}; the native kernels take CPU "
-                "tensors only"
-            )
-        if tensor.layout != torch.strided or tensor.is_mkldnn:
-            raise KernelArgumentError(
-                f"{self.name}: {rule.name} must be a dense (strided) tensor; got {tensor.layout}"
-            )
+        where = "its own" if bound_by == rule.name else f"{bound_by}'s"
+        raise KernelArgumentError(
+            f"{self.name}: {rule.name} has {dim} = {tensor.shape[rule.dims.index(dim)]} "
+            f"(shape {list(tensor.shape)}), but {where} {dim} is {known}; they must be equal"
+        )
 
-    def _check_written(
-        self,
-        rule: TensorRule,
-        tensor: torch.Tensor,
-        present: list[tuple[TensorRule, torch.Tensor]],
-    ) -> None:
-        for size, stride in zip(tensor.shape, tensor.stride(), strict=True):
-            if size > 1 and stride == 0:
-                raise KernelArgumentError(
-                    f"{self.name}: {rule.name} is written, but several of its elements are one "
-                    f"memory location (shape {list(tensor.shape)}, strides "
-                    f"{list(tensor.stride())}); pass a tensor whose elements are distinct"
-                )
-        for other_rule, other in present:
-            if other_rule is not rule and shares_memory(tensor, other):
-                raise KernelArgumentError(
-                    f"{self.name}: {rule.name} shares memory with {other_rule.name}; the kernel "
-                    f"writes {rule.name} while it reads {other_rule.name}: pass a separate "
-                    "tensor"
-                )
+    def _span(self, rule: TensorRule, tensor: torch.Tensor) -> tuple[int, int]:
+        """The bytes ``[first, last)`` a non-empty tensor's elements cover; a written
+        tensor whose elements alias each other (a dimension of stride 0) is refused."""
+        extent = 0
+        for size, stride in zip(tensor.shape, tensor.stride()):
+            if size > 1:
+                if stride == 0 and rule.written:
+                    raise KernelArgumentError(
+                        f"{self.name}: {rule.name} is written, but several of its elements "
+                        f"are one memory location (shape {list(tensor.shape)}, strides "
+                        f"{list(tensor.stride())}); pass a tensor whose elements are distinct"
+                    )
+                extent += (size - 1) * stride
+        start = tensor.data_ptr()
+        return start, start + (extent + 1) * tensor.element_size()
+
+    def _check_written(self, spans: list[tuple[TensorRule, torch.Tensor, int, int]]) -> None:
+        """No written tensor shares memory with another argument."""
+        for i, (rule, tensor, low, high) in enumerate(spans):
+            if not rule.written:
+                continue
+            for j, (other_rule, other, other_low, other_high) in enumerate(spans):
+                if i == j or not (low < other_high and other_low < high):
+                    continue
+                if shares_memory(tensor, other):
+                    raise KernelArgumentError(
+                        f"{self.name}: {rule.name} shares memory with {other_rule.name}; the "
+                        f"kernel writes {rule.name} while it reads {other_rule.name}: pass a "
+                        "separate tensor"
+                    )
 
 
-def _dtype_allowed(dtype: torch.dtype, allowed: DtypeRule) -> bool:
+_ALL_DTYPES = frozenset(value for value in vars(torch).values() if isinstance(value, torch.dtype))
+
+
+def _allowed_set(allowed: DtypeRule) -> frozenset[torch.dtype]:
+    """The dtypes a rule allows, as a set."""
     if allowed == "float":
-        return dtype.is_floating_point
+        return frozenset(d for d in _ALL_DTYPES if d.is_floating_point)
     if allowed == "integer":
-        return not dtype.is_floating_point and not dtype.is_complex and dtype != torch.bool
-    return dtype in allowed
+        return frozenset(
+            d
+            for d in _ALL_DTYPES
+            if not d.is_floating_point and not d.is_complex and d != torch.bool
+        )
+    return frozenset(allowed)
 
 
 def _describe(allowed: DtypeRule) -> str:
