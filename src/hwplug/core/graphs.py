@@ -24,6 +24,8 @@ import functools
 import gc
 import logging
 import threading
+import time
+from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, runtime_checkable
@@ -175,6 +177,17 @@ def capture_graphs(
     order = sorted(
         (as_runtime_mode(m) for m in plan), key=lambda m: m is not CUDAGraphMode.PIECEWISE
     )
+    keys = [
+        (mode, key)
+        for mode in order
+        if mode is not CUDAGraphMode.NONE
+        for key in descending(plan[mode])
+    ]
+    if keys:
+        counts = Counter(mode.name for mode, _ in keys)
+        each = ", ".join(f"{n} {name}" for name, n in counts.items())
+        logger.info("capturing %d graphs (%s)", len(keys), each)
+    started = time.perf_counter()
     done: list[tuple[CUDAGraphMode, BatchDescriptor]] = []
     log: list[tuple[str, CUDAGraphMode, BatchDescriptor]] = []
     token = _capture_log.set(log)
@@ -183,28 +196,36 @@ def capture_graphs(
     gc.disable()
     try:
         with capture_phase():
-            for mode in order:
-                if mode is CUDAGraphMode.NONE:
-                    continue
-                for key in descending(plan[mode]):
-                    start = len(log)
-                    with graph_context(mode, key):
-                        for _ in range(num_warmups + 1):
-                            run(key)
-                        for _ in range(_MAX_WARMUP_ROUNDS):
-                            events = {event for event, _, _ in log[start:]}
-                            if "capture" in events or "warmup" not in events:
-                                break
-                            start = len(log)
-                            run(key)
-                    if any(event == "capture" for event, m, k in log if (m, k) == (mode, key)):
-                        done.append((mode, key))
-                    else:
-                        logger.debug("no %s graph was captured for %s", mode.name, key)
+            for number, (mode, key) in enumerate(keys, 1):
+                # one record a graph, with the count, for a progress display (at DEBUG:
+                # a model may have hundreds)
+                logger.debug(
+                    "capturing graph %d of %d (%s, %d tokens)",
+                    number,
+                    len(keys),
+                    mode.name,
+                    key.num_tokens,
+                )
+                start = len(log)
+                with graph_context(mode, key):
+                    for _ in range(num_warmups + 1):
+                        run(key)
+                    for _ in range(_MAX_WARMUP_ROUNDS):
+                        events = {event for event, _, _ in log[start:]}
+                        if "capture" in events or "warmup" not in events:
+                            break
+                        start = len(log)
+                        run(key)
+                if any(event == "capture" for event, m, k in log if (m, k) == (mode, key)):
+                    done.append((mode, key))
+                else:
+                    logger.debug("no %s graph was captured for %s", mode.name, key)
     finally:
         _capture_log.reset(token)
         if gc_was_enabled:
             gc.enable()
+    if keys:
+        logger.info("captured %d graphs in %.1f s", len(done), time.perf_counter() - started)
     return done
 
 

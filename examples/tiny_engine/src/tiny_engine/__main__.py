@@ -1,7 +1,5 @@
 """``python -m tiny_engine``."""
 
-import sys
+from tiny_engine.cli import run
 
-from tiny_engine.cli import main
-
-sys.exit(main())
+run()

@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING
 from hwplug import ConfigError
 
 if TYPE_CHECKING:
+    import torch
+
     from hwplug.core.config import EngineConfig
     from hwplug.core.platform import Platform
 
@@ -23,8 +25,12 @@ DEFAULT_BACKEND = "torch"
 resolution step): the one backend every platform can run."""
 
 
-def resolved_backend(config: EngineConfig, platform: Platform) -> str:
-    """The attention backend of a resolved config, checked against the platform.
+def resolved_backend(
+    config: EngineConfig, platform: Platform, device: torch.device | None = None
+) -> str:
+    """The attention backend of a resolved config, checked against the platform and, when
+    given, the device the tensors live on (a simulated platform's run on CPU tensors:
+    Triton kernels then need ``TRITON_INTERPRET=1``).
 
     :raises hwplug.ConfigError: an unknown backend, or one that cannot serve
         this model, cache and device (its ``problem()``).
@@ -33,7 +39,12 @@ def resolved_backend(config: EngineConfig, platform: Platform) -> str:
 
     section = getattr(config, "attention", None)
     name: str = getattr(section, "backend", None) or DEFAULT_BACKEND
-    problem = get_backend(name).problem(config, platform)
+    backend = get_backend(name)
+    problem = backend.problem(config, platform)
+    if problem is None and device is not None and backend.uses_triton:
+        from hwplug.kernels import triton_unavailable_reason
+
+        problem = triton_unavailable_reason(device)
     if problem is not None:
         raise ConfigError(f"attention.backend={name!r} cannot run here: {problem}")
     return name

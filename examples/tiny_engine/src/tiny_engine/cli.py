@@ -3,21 +3,34 @@
 ``--model DIR [--platform NAME] [--set section.field=value ...] --max-tokens N
 (--prompt-ids JSON | --random-prompts COUNTxLEN) [--temperature T --seed N]
 [--ignore-eos] [--json]``. Bad input (an empty prompt, missing files, an
-unsupported model, a prompt longer than ``model.max_model_len``, an invalid
-setting) exits with status 2 and one line on stderr.
+unsupported model, a token outside the vocabulary, a prompt longer than
+``model.max_model_len``, an invalid setting) exits with status 2 and one line
+on stderr; what ``config.json`` and hwplug's resolution can tell is checked
+before torch is imported or weights are loaded. A closed output pipe
+(``| head -1``) ends the command quietly with status 141, as it ends Unix tools.
 """
 
 from __future__ import annotations
 
 import argparse
+import atexit
 import contextlib
 import json
+import os
 import re
 import sys
 from collections.abc import Iterator
 from typing import Any, NoReturn
 
-__all__ = ["check_random_prompts", "main", "parse_prompts", "parse_random_prompts"]
+__all__ = [
+    "EXIT_CLOSED_PIPE",
+    "EXIT_USAGE",
+    "check_random_prompts",
+    "main",
+    "parse_prompts",
+    "parse_random_prompts",
+    "run",
+]
 
 
 class UsageError(ValueError):
@@ -135,6 +148,14 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+EXIT_USAGE = 2
+"""Exit status of every user error."""
+
+EXIT_CLOSED_PIPE = 141
+"""Exit status when the reader of stdout has gone (``| head -1``): what a shell reports
+for a Unix tool that ``SIGPIPE`` ended (128 + 13), as ``seq 1 99999 | head -1`` gives."""
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the command; returns the exit status."""
     args = _parser().parse_args(argv)  # malformed options: one line, status 2
@@ -142,9 +163,11 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         return _run(args)
+    except BrokenPipeError:
+        return _closed_pipe()
     except (ValueError, OSError) as exc:  # ConfigError, CheckpointError, bad prompts
         print(f"error: {one_line(str(exc))}", file=sys.stderr)
-        return 2
+        return EXIT_USAGE
     except RuntimeError as exc:
         print(f"error: {one_line(str(exc))}", file=sys.stderr)
         return 1
@@ -156,76 +179,149 @@ def main(argv: list[str] | None = None) -> int:
         return 1
 
 
+def _closed_pipe() -> int:
+    """stdout's reader has gone: stop quietly, as Unix tools do. stdout becomes
+    ``/dev/null``, so that the interpreter's last flush of what is still buffered does
+    not fail again (with a traceback and status 120)."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    return EXIT_CLOSED_PIPE
+
+
+def run() -> NoReturn:
+    """The command as a process (``python -m tiny_engine``, the ``tiny-engine`` script):
+    :func:`main`, then the process ends at once.
+
+    Everything the command started is stopped by then (``LLM.close()``: a
+    background compilation cancelled and joined, ranks stopped, the process group
+    left). The interpreter's exit handlers run, output is flushed, and the process
+    ends with ``os._exit``, skipping the interpreter's teardown of torch's modules,
+    which takes 0.7-1 s on a small CPU after the last output for nothing.
+    """
+    status = main()
+    try:
+        atexit._run_exitfuncs()
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except BrokenPipeError:
+                status = _closed_pipe() if stream is sys.stdout else status
+            except (OSError, ValueError):
+                pass
+        os._exit(status)
+
+
+def _loggers_for_progress() -> list[tuple[str, int]]:
+    """The loggers whose records make the status line, and the least level shown: the
+    engine's phases (``tiny_engine``), and each graph captured (``hwplug.core.graphs``
+    logs them one by one at DEBUG, with their count)."""
+    import logging
+
+    return [("tiny_engine", logging.INFO), ("hwplug.core.graphs", logging.DEBUG)]
+
+
 @contextlib.contextmanager
 def _progress(*, quiet: bool) -> Iterator[None]:
     """Show the engine's start-up phases as one status line on stderr, on a terminal only
-    (nothing under ``--json`` or when stderr is not a terminal)."""
+    (nothing under ``--json``, when stderr is not a terminal, or on the ranks other than
+    0 of a launched job, which share rank 0's terminal)."""
     import logging
 
-    if quiet or not sys.stderr.isatty():
+    if quiet or not sys.stderr.isatty() or os.environ.get("RANK", "0") != "0":
         yield
         return
     from rich.console import Console
 
     console = Console(stderr=True)
-    engine_logger = logging.getLogger("tiny_engine")
-
-    with console.status("starting") as status:
+    with console.status("importing torch") as status:
 
         class ToStatus(logging.Handler):
             def emit(self, record: logging.LogRecord) -> None:
-                status.update(record.getMessage())
+                # with a spinner given, rich draws the line now, not at its next tick: a
+                # phase shorter than a tick is shown too
+                status.update(record.getMessage(), spinner="dots")
 
-        handler = ToStatus(logging.INFO)
-        level = engine_logger.level
-        engine_logger.addHandler(handler)
-        engine_logger.setLevel(logging.INFO)
+        handler = ToStatus(logging.DEBUG)
+        saved = []
+        for name, level in _loggers_for_progress():
+            logger = logging.getLogger(name)
+            saved.append((logger, logger.level))
+            logger.addHandler(handler)
+            if logger.getEffectiveLevel() > level:
+                logger.setLevel(level)
         try:
             yield
         finally:
-            engine_logger.removeHandler(handler)
-            engine_logger.setLevel(level)
+            for logger, level in saved:
+                logger.removeHandler(handler)
+                logger.setLevel(level)
+
+
+def _check_before_loading(
+    args: argparse.Namespace, config: dict[str, Any], prompts: list[list[int]] | None
+) -> None:
+    """Every check the checkpoint's ``config.json`` and hwplug's resolution allow, without
+    torch or weights: the settings against the checkpoint and the platform, the
+    prompts' token ids against the vocabulary and their lengths against the context.
+
+    :raises ValueError: ``UsageError``, ``ConfigError``, ``CheckpointError``.
+    """
+    import hwplug
+    from tiny_engine.checkpoint import read_checkpoint
+    from tiny_engine.settings import check_prompts, check_temperature, engine_config_for
+
+    check_temperature(args.temperature)
+    spec = read_checkpoint(args.model)
+    engine_config = engine_config_for(spec, config)
+    max_model_len = engine_config.model.max_model_len
+    if prompts is None:
+        count, length = parse_random_prompts(args.random_prompts)
+        check_random_prompts(count, length, max_model_len)
+    else:
+        check_prompts(
+            prompts, args.max_tokens, vocab_size=spec.vocab_size, max_model_len=max_model_len
+        )
+    hwplug.resolve(engine_config, platform=args.platform)
 
 
 def _run(args: argparse.Namespace) -> int:
-    import torch
-
-    from tiny_engine.engine import LLM, sequence_seed
-
     if args.max_tokens < 1:
         raise UsageError(f"--max-tokens must be a positive integer, got {args.max_tokens}")
     config = _config(args.assignments)
-    if args.prompt_ids is not None:
-        prompts = parse_prompts(args.prompt_ids)
-    else:
-        count, length = parse_random_prompts(args.random_prompts)
-        prompts = None
-    with (
-        _progress(quiet=args.json),
-        LLM(args.model, config=config, platform=args.platform, device=args.device) as llm,
-    ):
-        if prompts is None:
-            check_random_prompts(count, length, llm.config.model.max_model_len)
-            generator = torch.Generator().manual_seed(sequence_seed(args.seed or 0, -1))
-            vocab = llm.spec.vocab_size
-            prompts = torch.randint(0, vocab, (count, length), generator=generator).tolist()
-        outputs = llm.generate(
-            prompts,
-            max_tokens=args.max_tokens,
-            temperature=args.temperature,
-            seed=args.seed,
-            ignore_eos=args.ignore_eos,
-        )
-        stats = llm.stats
-        if not llm.prints_results:
-            return 0  # another rank of a launched job prints them (they are the same)
+    prompts = parse_prompts(args.prompt_ids) if args.prompt_ids is not None else None
+    _check_before_loading(args, config, prompts)
+    with _progress(quiet=args.json):
+        import torch
+
+        from tiny_engine.engine import LLM
+        from tiny_engine.settings import sequence_seed
+
+        with LLM(args.model, config=config, platform=args.platform, device=args.device) as llm:
+            if prompts is None:
+                count, length = parse_random_prompts(args.random_prompts)
+                generator = torch.Generator().manual_seed(sequence_seed(args.seed or 0, -1))
+                vocab = llm.spec.vocab_size
+                prompts = torch.randint(0, vocab, (count, length), generator=generator).tolist()
+            outputs = llm.generate(
+                prompts,
+                max_tokens=args.max_tokens,
+                temperature=args.temperature,
+                seed=args.seed,
+                ignore_eos=args.ignore_eos,
+            )
+            stats = llm.stats
+            if not llm.prints_results:
+                return 0  # another rank of a launched job prints them (they are the same)
     if args.json:
         print(json.dumps({"outputs": outputs, "stats": stats}))
-        return 0
-    for i, output in enumerate(outputs):
-        print(f"prompt {i} ({len(prompts[i])} tokens) -> {output}")
-    width = max(len(k) for k in stats)
-    for key, value in stats.items():
-        shown = f"{value:.1f}" if isinstance(value, float) else value
-        print(f"  {key:<{width}}  {shown}")
+    else:
+        for i, output in enumerate(outputs):
+            print(f"prompt {i} ({len(prompts[i])} tokens) -> {output}")
+        width = max(len(k) for k in stats)
+        for key, value in stats.items():
+            shown = f"{value:.1f}" if isinstance(value, float) else value
+            print(f"  {key:<{width}}  {shown}")
+    sys.stdout.flush()  # a closed pipe is found here, not in the interpreter's exit
     return 0

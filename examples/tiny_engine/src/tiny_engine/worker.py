@@ -12,6 +12,7 @@ method's arguments and results are picklable.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 import time
 from pathlib import Path
@@ -35,6 +36,9 @@ from tiny_engine.model import CausalLM, Sharding, load_weights
 from tiny_engine.runner import ModelRunner, StepInput
 
 __all__ = ["Worker", "WorkerSpec"]
+
+logger = logging.getLogger("tiny_engine")
+"""The rank's start-up phases, at INFO (see :mod:`tiny_engine.engine`)."""
 
 TP_GROUP = "tp"
 """The name the tensor-parallel communicator is registered under (hwplug's collective ops)."""
@@ -173,6 +177,11 @@ class Worker:
             # The fp8 scale step flips a flag the model's code reads: compile before it.
             background = not scales and compiles_in_background(cfg, world_size=self.world_size)
             self.runner = ModelRunner(self.model, cfg, plat, self.device, background=background)
+            level = int(cfg.compilation.level or 0)
+            if background:
+                logger.info("compiling the model (level %d) in the background", level)
+            elif level:
+                logger.info("compiling the model (level %d) and warming it up", level)
             self.runner.warm_up()
             self.captured = self.runner.capture()
             self.compile_seconds = time.perf_counter() - start
