@@ -29,23 +29,25 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import typer
-from pydantic import ValidationError
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
+from typer.core import TyperGroup
 
-from hwplug import matrix as support
-from hwplug import resolve as run_resolve
+import hwplug
 from hwplug._version import __version__
-from hwplug.core.config import EngineConfig
-from hwplug.core.config._common import check_depth
-from hwplug.core.config.engine import load_json
 from hwplug.core.errors import ConfigError, PluginError, one_line
 from hwplug.plugins.manager import PluginWarning, get_plugin_manager, select_platform
 
 if TYPE_CHECKING:
+    from pydantic import ValidationError
+
+    from hwplug.core.config import EngineConfig
     from hwplug.core.platform import DeviceInfo, Platform
     from hwplug.plugins.manager import HwplugPluginManager
+
+# The config models (pydantic), the support matrix and resolution are imported by the
+# commands that use them: `hwplug --help` and `hwplug info` do without.
 
 __all__ = ["CliError", "app", "main", "parse_set_option"]
 
@@ -53,9 +55,30 @@ PROG = "hwplug"
 EXIT_USAGE = 2
 """Exit status of every user error."""
 
+EXIT_CLOSED_PIPE = 141
+"""Exit status when the reader of stdout has gone (``hwplug matrix | head``): what a shell
+reports for a Unix tool that ``SIGPIPE`` ended (128 + 13), as ``seq 1 99999 | head -1``
+gives; nothing is printed."""
+
 MATRIX_FORMATS = ("table", "markdown", "json")
 
+class _Commands(TyperGroup):
+    """Typer's group, listing each command with the whole first sentence of its help
+    (wrapped to the terminal), not the first 45 characters or so."""
+
+    def format_commands(self, ctx: Any, formatter: Any) -> None:
+        rows = []
+        for name in self.list_commands(ctx):
+            command = self.get_command(ctx, name)
+            if command is not None and not command.hidden:
+                rows.append((name, command.get_short_help_str(limit=10_000)))
+        if rows:
+            with formatter.section("Commands"):
+                formatter.write_dl(rows)
+
+
 app = typer.Typer(
+    cls=_Commands,
     name=PROG,
     help="Inspect hwplug's platforms, plugins and device profiles, and resolve engine configs.",
     no_args_is_help=True,
@@ -73,8 +96,40 @@ class CliError(ConfigError):
     """A user error detected by the command line itself (exit status 2)."""
 
 
+class _ReaderGone(Exception):
+    """stdout's reader has gone. Not an ``OSError``: click would turn that into status 1."""
+
+
+def _closed_pipe() -> int:
+    """Stop quietly, as Unix tools do when their reader has gone. stdout becomes
+    ``/dev/null``, so that the interpreter's last flush does not fail again."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    return EXIT_CLOSED_PIPE
+
+
+def _out(text: str, *, nl: bool = True) -> None:
+    """Print ``text`` on stdout."""
+    try:
+        typer.echo(text, nl=nl)
+    except BrokenPipeError:
+        raise _ReaderGone from None
+
+
+class _Console(Console):
+    """rich's console, whose closed pipe ends the command as :func:`_out`'s does (rich's
+    own ends the interpreter with status 1)."""
+
+    def on_broken_pipe(self) -> None:
+        self.quiet = True
+        raise _ReaderGone
+
+
 def _validation_message(exc: ValidationError) -> str:
     """One ``section.field: message`` line from a pydantic ``ValidationError``."""
+    from hwplug.core.config import EngineConfig
+
     sections = {cls.__name__: name for name, cls in EngineConfig.section_types().items()}
     prefix = sections.get(exc.title)
     parts = []
@@ -101,7 +156,8 @@ def _error_message(exc: BaseException) -> str | None:
         return one_line(text) + hint
     if isinstance(exc, click_exc.ClickException):
         return one_line(exc.format_message())
-    if isinstance(exc, ValidationError):
+    pydantic = sys.modules.get("pydantic")  # no pydantic loaded: not a ValidationError
+    if pydantic is not None and isinstance(exc, pydantic.ValidationError):
         return _validation_message(exc)
     if isinstance(exc, CliError | ConfigError | PluginError):
         return one_line(str(exc))
@@ -170,8 +226,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             result = app(args=args, prog_name=PROG, standalone_mode=False)
         except click_exc.NoArgsIsHelpError as exc:
             if exc.ctx is not None:
-                typer.echo(exc.ctx.get_help())
+                try:
+                    _out(exc.ctx.get_help())
+                except _ReaderGone:
+                    return _closed_pipe()
             return 0
+        except _ReaderGone:
+            return _closed_pipe()
         except typer.Abort:
             typer.echo(f"{PROG}: error: aborted", err=True)
             return 1
@@ -201,9 +262,9 @@ def _console() -> Console:
     """
     columns = os.environ.get("COLUMNS", "").strip()
     width = int(columns) if columns.isascii() and columns.isdecimal() and int(columns) > 0 else None
-    console = Console(highlight=False, soft_wrap=False, width=width)
+    console = _Console(highlight=False, soft_wrap=False, width=width)
     if width is None and not console.is_terminal:
-        console = Console(highlight=False, width=_PIPE_WIDTH, soft_wrap=False)
+        console = _Console(highlight=False, width=_PIPE_WIDTH, soft_wrap=False)
     return console
 
 
@@ -221,7 +282,7 @@ def _status(*, quiet: bool) -> Iterator[Callable[[str], None]]:
 
 
 def _print_json(data: Any) -> None:
-    typer.echo(json.dumps(data, indent=2, sort_keys=False))
+    _out(json.dumps(data, indent=2, sort_keys=False))
 
 
 def _table(title: str, *columns: str) -> Table:
@@ -360,7 +421,7 @@ def _platform_label(platform: Platform) -> str:
 
 def _show_version(value: bool) -> None:
     if value:
-        typer.echo(f"{PROG} {__version__}")
+        _out(f"{PROG} {__version__}")
         raise typer.Exit(0)
 
 
@@ -507,6 +568,8 @@ def profiles(
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
 ) -> None:
     """Every simulated device profile, usable with --simulate and HWPLUG_SIMULATE."""
+    from hwplug import matrix as support
+
     manager = get_plugin_manager()
     known = manager.known_profiles()
     rows: list[tuple[str, str, bool, DeviceInfo]] = []
@@ -560,6 +623,10 @@ def parse_set_option(text: str) -> tuple[list[str], Any]:
 
     :raises CliError: the text is not ``section.field=value``.
     """
+    from hwplug.core.config import EngineConfig
+    from hwplug.core.config._common import check_depth
+    from hwplug.core.config.engine import load_json
+
     key, sep, raw = text.partition("=")
     key = key.strip()
     sections = list(EngineConfig.section_types())
@@ -635,6 +702,8 @@ def _load_config(config_file: Path | None, assignments: Sequence[str]) -> Engine
     validated, so a file plus ``--set`` gives exactly what one source holding
     both would: only what the user wrote counts as set.
     """
+    from hwplug.core.config import EngineConfig
+
     parsed = [(text, *parse_set_option(text)) for text in assignments]
     data = {} if config_file is None else EngineConfig.file_data(config_file)
     for text, path, value in parsed:
@@ -717,7 +786,7 @@ def resolve(
     """Resolve an engine config for a platform: the result and every change, with reasons."""
     target = _choose_platform(platform, simulate)
     engine_config = _load_config(config, assignments)
-    resolution = run_resolve(engine_config, platform=target)
+    resolution = hwplug.resolve(engine_config, platform=target)
     data = resolution.to_dict()
     if as_json:
         _print_json(
@@ -788,6 +857,8 @@ def matrix(
     format, model dtypes, graph modes, default compilation level and
     distributed backend.
     """
+    from hwplug import matrix as support
+
     fmt = output_format.strip().lower()
     if fmt not in MATRIX_FORMATS:
         raise CliError(
@@ -803,7 +874,7 @@ def matrix(
             text = f"{support.PAGE_TITLE} (this machine)\n\n{support.render_markdown(rows)}"
         else:
             text = support.support_matrix_page(get_plugin_manager())
-        typer.echo(text, nl=False)
+        _out(text, nl=False)
         return
     console = _console()
     if not rows:

@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
 from hwplug import __version__
-from tests.cli.conftest import run_hwplug
+from tests.cli.conftest import clean_env, run_hwplug
 
 BUILTINS = {"cuda", "rocm", "cpu", "hpu", "xpu"}
 
@@ -27,6 +29,62 @@ def test_version_and_help_exit_zero(cli) -> None:
     assert result.returncode == 0
     for command in ("info", "plugins", "profiles", "resolve", "matrix"):
         assert command in result.stdout
+
+
+def test_help_lists_each_command_with_its_whole_summary() -> None:
+    # summaries were cut at about 45 characters ("... and how it")
+    result = run_hwplug("--help", env={"COLUMNS": "80"})
+    assert result.returncode == 0
+    commands = result.stdout.partition("Commands:")[2]
+    assert commands and "..." not in commands
+    text = " ".join(commands.split())
+    assert "its devices, and how it was chosen." in text
+    assert (
+        "Check that a platform keeps hwplug's contract; exit status 1 when a check fails." in text
+    )
+
+
+@pytest.mark.parametrize("command", ["", "info", "resolve", "matrix", "conformance"])
+def test_help_of_every_command_imports_no_torch_config_models_or_matrix(command: str) -> None:
+    # `hwplug --help` must answer at once: none of the heavy modules is needed to print it
+    heavy = ("torch", "hwplug.core.config.compilation", "hwplug.matrix", "hypothesis")
+    code = (
+        "import sys\n"
+        "from hwplug.cli import main\n"
+        f"status = main([*{command.split()!r}, '--help'])\n"
+        f"print(status, [m for m in {heavy!r} if m in sys.modules], file=sys.stderr)\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        env=clean_env(),
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "Usage: hwplug" in result.stdout
+    assert result.stderr.strip() == "0 []"
+
+
+@pytest.mark.parametrize("args", [["matrix"], ["info"], ["matrix", "--format", "json"]])
+def test_a_closed_output_pipe_ends_quietly_with_status_141(args: list[str]) -> None:
+    # `hwplug matrix | head` exited 1
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # the reader is gone before the first line is written
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-m", "hwplug", *args],
+            stdout=write_end,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=clean_env(),
+            timeout=120,
+            check=False,
+        )
+    finally:
+        os.close(write_end)
+    assert (proc.returncode, proc.stderr) == (141, "")
 
 
 def test_no_arguments_prints_help(cli) -> None:
