@@ -7,41 +7,104 @@ sources (and the headers they share: ``simd.h``, the vector width, and
 ``bfloat16.h``, its conversions) ship in the wheel and are compiled together,
 on first use, into one shared library with the system's C compiler (``$CC``,
 else ``cc``, ``gcc`` or ``clang``; ``-O3 -march=native`` and OpenMP when the
-compiler has them), cached in ``$XDG_CACHE_HOME/hwplug/kernels`` (default
-``~/.cache/hwplug/kernels``; a temporary directory when that is not
-writable) under a key of the sources, the compiler, its flags and the CPU,
-and loaded with :mod:`ctypes`. A later process loads the built library.
+compiler has them), cached under a key of the sources, the compiler, its
+flags and the CPU, and loaded with :mod:`ctypes`. A later process loads the
+built library.
 
-Where it cannot be built (no compiler) or ``HWPLUG_NATIVE_KERNELS=0`` is set
-(read at each call), :func:`unavailable_reason` says why and every caller
-takes its torch path.
+**The cache** is ``$XDG_CACHE_HOME/hwplug/kernels`` (default
+``~/.cache/hwplug/kernels``), else ``$TMPDIR/hwplug-kernels-<uid>``. A
+directory is used only when it is private: a real directory (no symbolic
+link), created ``0700``, owned by this user, that neither its group nor others
+can write, below directories owned by this user or root that others cannot
+write unless they are sticky (``/tmp``). One that is not is refused with a
+warning saying why, and the next is tried; when none is, the library is built
+into a fresh private temporary directory for this process alone: a planted
+directory costs a build, never the kernels.
+
+Beside each library ``hwplug_cpu-<key>.so`` a manifest ``hwplug_cpu-<key>.json``
+records the SHA-256 of its bytes and the command that built it. The library is
+loaded only when both are regular files owned by this user that no one else
+can write and the digest matches; otherwise (a file truncated, planted or left
+by another build), or when it loads without hwplug's functions or with other
+versions of them, it is rebuilt: compiled to a temporary name in the same
+directory, renamed over the old file, its manifest written after it, under a
+lock (``hwplug_cpu-<key>.lock``) so that processes starting at once (the ranks
+of one engine) build it once.
+
+**When there is no library**, :func:`library` returns the reason and every
+caller takes its torch path (:func:`unavailable_reason`):
+
+- ``HWPLUG_NATIVE_KERNELS=0`` (:data:`ENV`), read at each call before
+  anything is built: no compiler runs;
+- no compiler, a ``$CC`` that does not parse, a compiler that fails with every
+  flag set, or a build that runs past ``HWPLUG_NATIVE_BUILD_TIMEOUT`` seconds
+  (:data:`TIMEOUT_ENV`, default 120, for the whole build: the compiler's
+  process group is killed and nothing more is tried). Each is logged once, as
+  a warning; none raises from a linear or an attention call.
+
+**A sanitizer build**: ``HWPLUG_NATIVE_SANITIZE=1`` (:data:`SANITIZE_ENV`)
+builds with :data:`SANITIZE_FLAGS` (AddressSanitizer and UndefinedBehavior
+Sanitizer, cached under a key of their own). The process must have the
+compiler's ASan runtime loaded first (``LD_PRELOAD``, as ``make
+test-sanitize`` sets it); without it that is the reason. :func:`build_flags`
+says which flags the loaded library was built with.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import hashlib
+import json
 import logging
+import math
 import os
 import platform
 import shlex
 import shutil
+import signal
+import stat
 import subprocess
 import tempfile
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["ENV", "library", "unavailable_reason"]
+__all__ = [
+    "DEFAULT_TIMEOUT_S",
+    "ENV",
+    "SANITIZE_ENV",
+    "SANITIZE_FLAGS",
+    "TIMEOUT_ENV",
+    "build_flags",
+    "library",
+    "runs",
+    "unavailable_reason",
+]
 
 log = logging.getLogger(__name__)
 
 ENV = "HWPLUG_NATIVE_KERNELS"
 """``0`` turns every native kernel off (its callers take their torch paths)."""
+TIMEOUT_ENV = "HWPLUG_NATIVE_BUILD_TIMEOUT"
+"""Seconds the whole build may take, every compiler and flag set tried included."""
+DEFAULT_TIMEOUT_S = 120.0
+"""The build's time limit where :data:`TIMEOUT_ENV` is not set."""
+SANITIZE_ENV = "HWPLUG_NATIVE_SANITIZE"
+"""``1`` builds the library with :data:`SANITIZE_FLAGS` instead of ``-O3``."""
+SANITIZE_FLAGS = (
+    "-O1",
+    "-g",
+    "-fno-omit-frame-pointer",
+    "-fsanitize=address,undefined",
+    "-fno-sanitize-recover=all",
+)
+"""The sanitizer build's flags (before ``-march=native`` and ``-fopenmp``)."""
 
 _SOURCES = Path(__file__).with_name("csrc")
 _NAME = "hwplug_cpu"
@@ -53,82 +116,38 @@ _INTERFACES = {
 }
 """The version function of each source and the version this Python side speaks."""
 
-_FLAG_SETS = (
-    ("-O3", "-march=native", "-fopenmp"),
-    ("-O3", "-fopenmp"),
-    ("-O3", "-march=native"),
-    ("-O3",),
-)
-"""Tried in order: a compiler without OpenMP, or without ``-march=native``, still builds."""
+_OPTIONAL_FLAGS = (("-march=native", "-fopenmp"), ("-fopenmp",), ("-march=native",), ())
+"""Tried in order after the optimisation flags: a compiler without OpenMP, or without
+``-march=native``, still builds."""
 
 
-def _compilers() -> list[list[str]]:
-    named = os.environ.get("CC", "").strip()
-    if named:
-        return [shlex.split(named)]
-    found = []
-    for name in ("cc", "gcc", "clang"):
-        path = shutil.which(name)
-        if path is not None:
-            found.append([path])
-    return found
+class _Build(NamedTuple):
+    library: ctypes.CDLL | str
+    flags: tuple[str, ...] | None = None
 
 
-def _cpu_identity() -> str:
-    """What ``-march=native`` depends on: the CPU's model and flags (Linux), else its name."""
-    try:
-        text = Path("/proc/cpuinfo").read_text(errors="replace")
-    except OSError:
-        return f"{platform.machine()} {platform.processor()}"
-    keep = [
-        line
-        for line in text.splitlines()
-        if line.split(":")[0].strip() in ("model name", "flags", "Features", "CPU part")
-    ]
-    return "\n".join(sorted(set(keep)))
+class _TimedOut(Exception):
+    """The build ran past its time limit; the message says what was running."""
 
 
-def _cache_dir() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "hwplug" / "kernels"
-
-
-@functools.cache
 def library() -> ctypes.CDLL | str:
-    """The loaded library of every native kernel, or why there is none (built once per
-    process at most; ``HWPLUG_NATIVE_KERNELS`` is not consulted here)."""
-    compilers = _compilers()
-    if not compilers:
-        return "no C compiler found (set CC, or install cc, gcc or clang)"
-    sources = sorted(_SOURCES.glob("*.c"))
-    # the key covers the headers the sources include too
-    keyed = sources + sorted(_SOURCES.glob("*.h"))
-    text = b"\0".join(s.name.encode() + b"\0" + s.read_bytes() for s in keyed)
-    problems = []
-    for compiler in compilers:
-        for flags in _FLAG_SETS:
-            key = hashlib.sha256(
-                b"\0".join(
-                    [text, " ".join(compiler + list(flags)).encode(), _cpu_identity().encode()]
-                )
-            ).hexdigest()[:20]
-            try:
-                path = _build(compiler, flags, sources, key)
-                loaded = ctypes.CDLL(str(path))
-            except (OSError, subprocess.SubprocessError) as error:
-                problems.append(f"{' '.join(compiler + list(flags))}: {error}")
-                continue
-            stale = [name for name, v in _INTERFACES.items() if getattr(loaded, name)() != v]
-            if stale:
-                problems.append(f"{path}: built from another version of the sources")
-                continue
-            log.debug("native CPU kernels: %s (%s)", path, " ".join(flags))
-            return loaded
-    reason = "the native CPU kernels did not build: " + problems[-1]
-    log.warning(
-        "%s; CPU attention gathers pages instead, and linears run on oneDNN or torch", reason
-    )
-    return reason
+    """The loaded library of every native kernel, or why there is none.
+
+    ``HWPLUG_NATIVE_KERNELS=0`` is read first, at each call: it is the reason, and
+    nothing is built. Otherwise the library is found or built once per process, and a
+    failure (logged once) is the reason of every later call; this never raises.
+    """
+    if os.environ.get(ENV, "").strip() == "0":
+        return f"{ENV}=0 is set"
+    return _built().library
+
+
+def build_flags() -> tuple[str, ...] | None:
+    """The compiler flags the library :func:`library` gives was built with (after the
+    compiler's name), or None where there is none; builds it as :func:`library` does."""
+    if isinstance(library(), str):
+        return None
+    return _built().flags
 
 
 def unavailable_reason(
@@ -137,7 +156,7 @@ def unavailable_reason(
     loaded: Callable[[], object] | None = None,
 ) -> str | None:
     """Why a native kernel cannot run on ``device``'s tensors, or None when it can
-    (building the library at the first call that can: three to five seconds, once per
+    (building the library at the first call that can: three to ten seconds, once per
     machine). ``loaded`` gives the kernel's library, or a string saying why it has none
     (default: :func:`library`)."""
     import torch  # (lazy: the build machinery itself needs no torch)
@@ -157,33 +176,356 @@ def runs(loaded: Callable[[], object] | None = None) -> bool:
     return os.environ.get(ENV, "").strip() != "0" and not isinstance((loaded or library)(), str)
 
 
-def _build(compiler: list[str], flags: tuple[str, ...], sources: list[Path], key: str) -> Path:
-    """The built library for this key: found in the cache, else compiled into it."""
-    for directory in (_cache_dir(), Path(tempfile.gettempdir()) / f"hwplug-kernels-{os.getuid()}"):
-        target = directory / f"{_NAME}-{key}.so"
-        if target.exists():
-            return target
-        try:
-            directory.mkdir(parents=True, exist_ok=True)
-        except OSError:
-            continue
-        if not os.access(directory, os.W_OK):
-            continue
-        # compiled beside its final name, then renamed: processes building at once
-        # (ranks of one engine) never load a half-written file
-        fd, partial = tempfile.mkstemp(dir=directory, prefix=f".{_NAME}-", suffix=".so")
-        os.close(fd)
-        try:
-            command = [*compiler, *flags, "-shared", "-fPIC", "-std=c11"]
-            command += [str(s) for s in sources] + ["-o", partial, "-lm"]
-            done = subprocess.run(command, capture_output=True, text=True, timeout=300)
-            if done.returncode != 0:
-                last = (done.stderr.strip().splitlines() or ["(no message)"])[-1]
-                raise subprocess.SubprocessError(f"exit status {done.returncode}: {last}")
-            os.replace(partial, target)
-        finally:
-            if os.path.exists(partial):
-                os.unlink(partial)
+@functools.cache
+def _built() -> _Build:
+    built = _build()
+    if isinstance(built.library, str):
+        log.warning(
+            "%s; CPU attention gathers pages instead, and linears run on oneDNN or torch",
+            built.library,
+        )
+    return built
+
+
+def _build() -> _Build:
+    """The library found in the cache or built into it, with its flags, or why there is
+    none."""
+    sanitize = os.environ.get(SANITIZE_ENV, "").strip() not in ("", "0")
+    # an ASan library loaded into a process without its runtime ends the process
+    if sanitize and not hasattr(ctypes.CDLL(None), "__asan_init"):
+        return _Build(
+            f"{SANITIZE_ENV}=1 needs the compiler's AddressSanitizer runtime loaded first: "
+            "LD_PRELOAD=$(cc -print-file-name=libasan.so) (make test-sanitize sets it)"
+        )
+    named = os.environ.get("CC", "").strip()
+    try:
+        compilers = [shlex.split(named)] if named else _found_compilers()
+    except ValueError as error:
+        return _Build(
+            f"CC={named!r} does not parse: {error} (the native CPU kernels need a C compiler)"
+        )
+    if not compilers:
+        return _Build("no C compiler found (set CC, or install cc, gcc or clang)")
+    timeout = _timeout()
+    if isinstance(timeout, str):
+        return _Build(timeout)
+    deadline = time.monotonic() + timeout
+    try:
+        sources = sorted(_SOURCES.glob("*.c"))
+        # the key covers the headers the sources include too
+        keyed = sources + sorted(_SOURCES.glob("*.h"))
+        text = b"\0".join(s.name.encode() + b"\0" + s.read_bytes() for s in keyed)
+        build = functools.partial(_build_in, compilers=compilers, sources=sources, text=text)
+        flags = SANITIZE_FLAGS if sanitize else ("-O3",)
+        directory = _cache_directory()
+        if directory is not None:
+            return build(directory, flags, deadline)
+        with tempfile.TemporaryDirectory(
+            prefix="hwplug-kernels-", ignore_cleanup_errors=True
+        ) as scratch:
+            why = _private_directory(Path(scratch))
+            if why is not None:
+                return _Build(
+                    f"the native CPU kernels have no private directory to build in: {why}"
+                )
+            log.warning("building the native CPU kernels in %s, for this process alone", scratch)
+            # (removed once loaded: the process keeps its mapping)
+            return build(Path(scratch), flags, deadline)
+    except _TimedOut as error:
+        return _Build(
+            f"the native CPU kernels did not build: timed out after {timeout:g} s "
+            f"({TIMEOUT_ENV}={os.environ.get(TIMEOUT_ENV, '').strip() or 'unset'}) {error}"
+        )
+    except OSError as error:  # (the sources, or the temporary directory)
+        return _Build(f"the native CPU kernels did not build: {error}")
+
+
+def _build_in(
+    directory: Path,
+    base_flags: tuple[str, ...],
+    deadline: float,
+    *,
+    compilers: list[list[str]],
+    sources: list[Path],
+    text: bytes,
+) -> _Build:
+    """The first compiler and flag set whose library loads from ``directory`` (built there
+    if it must be), or the last problem. ``text`` is what the sources' key covers."""
+    problems = []
+    for compiler in compilers:
+        for optional in _OPTIONAL_FLAGS:
+            flags = base_flags + optional
+            command = [*compiler, *flags]
+            key = hashlib.sha256(
+                b"\0".join([text, " ".join(command).encode(), _cpu_identity().encode()])
+            ).hexdigest()[:20]
+            try:
+                loaded = _cached_or_built(directory / f"{_NAME}-{key}", command, sources, deadline)
+            except (OSError, subprocess.SubprocessError) as error:
+                problems.append(f"{' '.join(command)}: {error}")
+                continue
+            if isinstance(loaded, str):
+                problems.append(loaded)
+                continue
+            log.debug("native CPU kernels: %s (%s)", loaded._name, " ".join(flags))
+            return _Build(loaded, flags)
+    return _Build("the native CPU kernels did not build: " + problems[-1])
+
+
+def _found_compilers() -> list[list[str]]:
+    found = []
+    for name in ("cc", "gcc", "clang"):
+        path = shutil.which(name)
+        if path is not None:
+            found.append([path])
+    return found
+
+
+def _timeout() -> float | str:
+    """The build's time limit in seconds, or why :data:`TIMEOUT_ENV` is not one."""
+    text = os.environ.get(TIMEOUT_ENV, "").strip()
+    if not text:
+        return DEFAULT_TIMEOUT_S
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = math.nan
+    if not (math.isfinite(seconds) and seconds > 0):
+        return (
+            f"{TIMEOUT_ENV}={text!r} is not a number of seconds above 0 "
+            f"(unset: {DEFAULT_TIMEOUT_S:g})"
+        )
+    return seconds
+
+
+def _cpu_identity() -> str:
+    """What ``-march=native`` depends on: the CPU's model and flags (Linux), else its name."""
+    try:
+        text = Path("/proc/cpuinfo").read_text(errors="replace")
+    except OSError:
+        return f"{platform.machine()} {platform.processor()}"
+    keep = [
+        line
+        for line in text.splitlines()
+        if line.split(":")[0].strip() in ("model name", "flags", "Features", "CPU part")
+    ]
+    return "\n".join(sorted(set(keep)))
+
+
+# -- the cache directory ----------------------------------------------------------------------
+
+
+def _cache_directory() -> Path | None:
+    """The first private cache directory (made if missing), or None; each one refused is
+    logged with the reason."""
+    candidates = []
+    base = os.environ.get("XDG_CACHE_HOME", "")
+    if not os.path.isabs(base):  # (the XDG spec: a relative path is ignored)
+        with contextlib.suppress(RuntimeError):
+            base = str(Path.home() / ".cache")
+    if os.path.isabs(base):
+        candidates.append(Path(base) / "hwplug" / "kernels")
+    with contextlib.suppress(OSError):  # (no usable temporary directory)
+        candidates.append(Path(tempfile.gettempdir()) / f"hwplug-kernels-{os.getuid()}")
+    for candidate in candidates:
+        why = _private_directory(candidate)
+        if why is None:
+            return candidate
+        log.warning("the native CPU kernels' cache: not using %s: %s", candidate, why)
+    return None
+
+
+def _private_directory(path: Path) -> str | None:
+    """None when ``path`` is a directory only this user can change (made ``0700``, with
+    its missing parents, if it is missing), else why it is refused."""
+    try:
+        missing = [p for p in (path, *path.parents) if not os.path.lexists(p)]
+        for new in reversed(missing):
+            with contextlib.suppress(FileExistsError):
+                new.mkdir(mode=0o700)
+        why = _not_private(os.lstat(path), directory=True)
+        if why is not None:
+            return why
+        resolved = Path(os.path.realpath(path.parent))
+        for parent in (resolved, *resolved.parents):
+            info = os.stat(parent)
+            if info.st_uid not in (0, os.getuid()):
+                return f"{parent} above it is owned by uid {info.st_uid}"
+            if info.st_mode & stat.S_IWOTH and not info.st_mode & stat.S_ISVTX:
+                return f"others can write {parent} above it, which is not sticky"
+    except OSError as error:
+        return f"it cannot be made or checked ({error})"
+    if not os.access(path, os.W_OK | os.X_OK):
+        return "this user cannot write it"
+    return None
+
+
+def _not_private(info: os.stat_result, *, directory: bool) -> str | None:
+    """Why a file or directory (its ``lstat``) is not this user's alone, or None."""
+    if stat.S_ISLNK(info.st_mode):
+        return "it is a symbolic link"
+    if not (stat.S_ISDIR if directory else stat.S_ISREG)(info.st_mode):
+        return "it is not a directory" if directory else "it is not a regular file"
+    if info.st_uid != os.getuid():
+        return f"it is owned by uid {info.st_uid}, not this user ({os.getuid()})"
+    if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        return f"its group or others can write it (mode {stat.S_IMODE(info.st_mode):04o})"
+    return None
+
+
+# -- one library: checked, loaded, rebuilt ------------------------------------------------------
+
+
+def _cached_or_built(
+    stem: Path, command: list[str], sources: list[Path], deadline: float
+) -> ctypes.CDLL | str:
+    """The library ``stem.so`` loaded if its checks pass, else rebuilt and loaded (or why
+    it does not load)."""
+    target, manifest = Path(f"{stem}.so"), Path(f"{stem}.json")
+    why = _unfit(target, manifest)
+    tried = why is None  # (a file that passed its checks and did not load is rebuilt)
+    if tried:
+        loaded = _opened(target)
+        if not isinstance(loaded, str):
+            return loaded
+        why = loaded
+    with _locked(Path(f"{stem}.lock"), deadline):
+        # another process may have built it while this one waited
+        if not tried and _unfit(target, manifest) is None:
+            loaded = _opened(target)
+            if not isinstance(loaded, str):
+                return loaded
+            why = loaded
+        if os.path.lexists(target):
+            log.warning("rebuilding the native CPU kernels' %s: %s", target, why)
+        _compile(command, sources, target, manifest, deadline)
         log.info("built the native CPU kernels: %s", target)
-        return target
-    raise OSError("no writable directory to build the kernels in")
+    return _opened(target)
+
+
+def _unfit(target: Path, manifest: Path) -> str | None:
+    """Why ``target`` may not be loaded (or None): it and its manifest must be regular
+    files this user alone can write, and its bytes must have the manifest's digest."""
+    for path in (target, manifest):
+        try:
+            info = os.lstat(path)
+        except FileNotFoundError:
+            return f"{path.name} is missing"
+        why = _not_private(info, directory=False)
+        if why is not None:
+            return f"{path.name}: {why}"
+    try:
+        recorded = json.loads(manifest.read_text())["sha256"]
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        return f"{manifest.name} holds no digest ({error!r})"
+    if _sha256(target) != recorded:
+        return f"{target.name} does not have the digest recorded in {manifest.name}"
+    return None
+
+
+def _opened(path: Path) -> ctypes.CDLL | str:
+    """The library at ``path`` loaded, with every interface version this side speaks, or
+    why not (a library loaded without them is unloaded again)."""
+    try:
+        loaded = ctypes.CDLL(str(path))
+    except OSError as error:
+        return f"{path} does not load ({error})"
+    try:
+        stale = [name for name, v in _INTERFACES.items() if getattr(loaded, name)() != v]
+    except AttributeError as error:
+        stale = [str(error)]
+    if not stale:
+        return loaded
+    # unloaded, so that loading the path again after a rebuild opens the new file (the
+    # loader hands back a library of the same name that is still open)
+    import _ctypes
+
+    with contextlib.suppress(OSError):
+        _ctypes.dlclose(loaded._handle)
+    return f"{path} lacks hwplug's functions of this version ({', '.join(stale)})"
+
+
+@contextlib.contextmanager
+def _locked(path: Path, deadline: float) -> Iterator[None]:
+    """Holds an exclusive lock on ``path`` (waiting at most until ``deadline``)."""
+    import fcntl  # (POSIX only, as the rest of the build)
+
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    raise _TimedOut(f"waiting for another process to build {path}") from None
+                time.sleep(0.05)
+        yield
+    finally:
+        os.close(fd)  # (releases the lock)
+
+
+def _compile(
+    command: list[str], sources: list[Path], target: Path, manifest: Path, deadline: float
+) -> None:
+    """Builds ``target`` under a temporary name beside it, renames it into place, then
+    writes its manifest the same way: no process ever sees half a file."""
+    fd, partial = tempfile.mkstemp(dir=target.parent, prefix=f".{_NAME}-", suffix=".so")
+    os.close(fd)
+    try:
+        _run(
+            [*command, "-shared", "-fPIC", "-std=c11", *map(str, sources), "-o", partial, "-lm"],
+            deadline,
+        )
+        # (the linker makes the file with the umask's mode)
+        os.chmod(partial, 0o700)
+        record = {"sha256": _sha256(Path(partial)), "command": command}
+        os.replace(partial, target)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(partial)
+    fd, partial = tempfile.mkstemp(dir=target.parent, prefix=f".{_NAME}-", suffix=".json")
+    try:
+        with os.fdopen(fd, "w") as file:
+            json.dump(record, file)
+        os.replace(partial, manifest)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(partial)
+
+
+def _run(command: list[str], deadline: float) -> None:
+    """Runs the compiler in a process group of its own, killed whole at ``deadline``."""
+    remaining = deadline - time.monotonic()
+    if remaining <= 0:
+        raise _TimedOut(f"before {command[0]} could start")
+    with subprocess.Popen(
+        command,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        errors="replace",
+        start_new_session=True,
+    ) as process:
+        try:
+            _, errors = process.communicate(timeout=remaining)
+        except subprocess.TimeoutExpired:
+            raise _TimedOut(f"running {shlex.join(command[:8])} ...") from None
+        finally:
+            if process.returncode is None:
+                # the compiler's own children (cc1, as, ld) hold its pipe open too
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
+    if process.returncode != 0:
+        last = (errors.strip().splitlines() or ["(no message)"])[-1]
+        raise subprocess.SubprocessError(f"exit status {process.returncode}: {last}")
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as file:
+        for block in iter(functools.partial(file.read, 1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
