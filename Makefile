@@ -8,7 +8,7 @@ PLUGIN_SOURCES := $(shell find examples/acme_npu/src tests/vendor/zeta_tpu/src -
 # The CPU build of torch is pinned for set-up here; pyproject.toml keeps a normal range.
 TORCH_PIN ?= torch==2.13.0
 
-.PHONY: help run test lint typecheck imports bench bench-peers docs docs-serve clean setup release-check
+.PHONY: help run test test-sanitize lint typecheck imports bench bench-peers docs docs-serve clean setup release-check
 
 # The first target is the default: `make` alone lists the targets.
 help: ## list the targets
@@ -60,6 +60,21 @@ imports: $(STAMP) ## the import-layering contracts (lint-imports)
 # pytest exits 5 when it collects no test: that is not a failure of the suite.
 test: lint typecheck imports $(PLUGINS_STAMP) ## set up, then the linters, the contracts and the whole test suite
 	$(BIN)/python -m pytest -q; rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected"; rc=0; fi; exit $$rc
+
+# The native kernels built with AddressSanitizer and UBSan (HWPLUG_NATIVE_SANITIZE=1, a cache
+# key of their own), the compiler's runtimes preloaded: Python is not instrumented, so ASan
+# must come first, and its "leaks" (objects alive at exit) are by design. Any report fails.
+test-sanitize: $(STAMP) ## the kernel and attention tests on native kernels built with ASan and UBSan
+	@asan=$$($(CC) -print-file-name=libasan.so); ubsan=$$($(CC) -print-file-name=libubsan.so); \
+	if [ ! -e "$$asan" ] || [ ! -e "$$ubsan" ]; then \
+	  echo "$(CC) has no libasan.so or libubsan.so (set CC to a GCC with its sanitizer runtimes)"; exit 2; \
+	fi; \
+	echo "== LD_PRELOAD=$$asan:$$ubsan HWPLUG_NATIVE_SANITIZE=1"; \
+	LD_PRELOAD="$$asan:$$ubsan" \
+	ASAN_OPTIONS=detect_leaks=0:abort_on_error=1:halt_on_error=1 \
+	UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
+	HWPLUG_NATIVE_SANITIZE=1 CC="$(CC)" \
+	$(BIN)/python -m pytest -q tests/kernels tests/attention -p no:cacheprovider
 
 bench: $(STAMP) ## the benchmarks (JSON)
 	$(BIN)/python benchmarks/run_all.py
