@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import logging
 import os
 import socket
 import threading
@@ -37,6 +38,8 @@ from tiny_engine.worker import Worker, WorkerSpec
 __all__ = ["EXECUTORS", "Executor", "make_executor"]
 
 EXECUTORS = ("uni", "mp", "ray", "external_launcher")
+
+logger = logging.getLogger("tiny_engine")
 
 _SHUTDOWN_SECONDS = 10.0
 """How long a rank may take to leave before it is terminated, then killed."""
@@ -348,6 +351,7 @@ class RayExecutor(Executor):
     kind = "ray"
 
     def __init__(self, spec: WorkerSpec) -> None:
+        self._token_mode = _token_mode_for_a_cluster()  # before Ray reads its settings
         try:
             import ray
         except ImportError:
@@ -365,8 +369,7 @@ class RayExecutor(Executor):
         self.actors: list[Any] = []
         self.group: Any = None
         if not ray.is_initialized():
-            address = os.environ.get("RAY_ADDRESS") or None
-            ray.init(address=address, ignore_reinit_error=True, log_to_driver=False)
+            _join_ray(ray)
         key = spec.platform.ray_device_key or "CPU"
         self.group = placement_group([{key: 1}] * spec.world_size, strategy="PACK")
         try:
@@ -424,9 +427,17 @@ class RayExecutor(Executor):
                 died = [r for r, what in sorted(failures.items()) if what.startswith("died")]
                 rank = died[0] if died else min(failures)
                 self.shutdown()
+                hint = ""
+                if self._token_mode and died:
+                    hint = (
+                        f" (this driver joined RAY_ADDRESS={os.environ.get('RAY_ADDRESS')} "
+                        f"with token authentication because this host has a Ray token, as "
+                        "ray start would; a cluster started without authentication needs "
+                        "RAY_AUTH_MODE=disabled here too)"
+                    )
                 raise RuntimeError(
                     f"tensor-parallel rank {rank} of {self.world_size} (ray executor) "
-                    f"{failures[rank]}; the other ranks were shut down"
+                    f"{failures[rank]}; the other ranks were shut down{hint}"
                 ) from None
         return ray.get(refs)
 
@@ -441,6 +452,68 @@ class RayExecutor(Executor):
         if self.group is not None:
             with contextlib.suppress(Exception):
                 self._remove(self.group)
+
+
+RAY_TOKEN_FILE = "~/.ray/auth_token"
+"""Where ``ray start`` and a local ``ray.init()`` keep the cluster's token."""
+
+
+def _ray_token_available() -> bool:
+    """Whether this host has a Ray authentication token (Ray's own places for it)."""
+    if os.environ.get("RAY_AUTH_TOKEN"):
+        return True
+    path = os.environ.get("RAY_AUTH_TOKEN_PATH") or os.path.expanduser(RAY_TOKEN_FILE)
+    return os.path.isfile(path) and os.path.getsize(path) > 0
+
+
+def _token_mode_for_a_cluster() -> bool:
+    """Join the cluster of ``RAY_ADDRESS`` as ``ray start`` would on this host: with
+    token authentication when the host has a Ray token and ``RAY_AUTH_MODE`` is
+    unset. Returns whether it set ``RAY_AUTH_MODE=token``.
+
+    ``ray start`` (and a ``ray.init()`` that finds a local cluster) turns token
+    authentication on by itself when a token exists (``~/.ray/auth_token``, which
+    a local ``ray.init()`` writes), but a driver given an address does so only
+    when ``RAY_AUTH_MODE=token`` is set: without it a cluster that ``ray start``
+    put in token mode refuses it, Ray retries for 20 s and fails with "Failed to
+    connect". Ray reads the mode from the environment when it is imported.
+    """
+    address = os.environ.get("RAY_ADDRESS")
+    if address and "RAY_AUTH_MODE" not in os.environ and _ray_token_available():
+        os.environ["RAY_AUTH_MODE"] = "token"
+        logger.info("joining the Ray cluster at %s with token authentication", address)
+        return True
+    return False
+
+
+def _join_ray(ray: Any) -> None:
+    """``ray.init()``: join the cluster of ``RAY_ADDRESS``, else start a local one.
+
+    :raises RuntimeError: the cluster cannot be joined; the message says whether
+        token authentication may be the cause.
+    """
+    address = os.environ.get("RAY_ADDRESS") or None
+    try:
+        ray.init(address=address, ignore_reinit_error=True, log_to_driver=False)
+    except Exception as exc:
+        raise RuntimeError(_ray_connect_error(address, exc)) from exc
+
+
+def _ray_connect_error(address: str | None, exc: BaseException) -> str:
+    """What to say when Ray could not be joined or started."""
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    where = f"the Ray cluster at RAY_ADDRESS={address}" if address else "a local Ray"
+    message = f"could not join {where}: {type(exc).__name__}: {text}"
+    auth = "token" in str(exc).lower() or "auth" in type(exc).__name__.lower()
+    mode = os.environ.get("RAY_AUTH_MODE")
+    if address is not None and (auth or mode is not None or _ray_token_available()):
+        message += (
+            "; if the cluster uses token authentication (ray start turns it on when "
+            f"{RAY_TOKEN_FILE} exists), this driver needs RAY_AUTH_MODE=token (it is "
+            f"{mode!r}) and the cluster's token: in {RAY_TOKEN_FILE}, RAY_AUTH_TOKEN_PATH "
+            "or RAY_AUTH_TOKEN"
+        )
+    return message
 
 
 def _ray_error(exc: BaseException) -> str:
