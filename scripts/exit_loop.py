@@ -47,7 +47,8 @@ def run_once(command: list[str], env: dict[str, str], timeout: float) -> dict[st
     to its exit (None when it wrote nothing)."""
     start = time.monotonic()
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
-    assert proc.stdout is not None and proc.stderr is not None
+    assert proc.stdout is not None
+    assert proc.stderr is not None
     selector = selectors.DefaultSelector()
     selector.register(proc.stdout, selectors.EVENT_READ, "out")
     selector.register(proc.stderr, selectors.EVENT_READ, "err")
@@ -116,9 +117,10 @@ def main() -> int:
         model = args.model
         if model is None:
             model = work / "model"
+            make = [python, "-m", "tiny_engine.make_checkpoint", str(model), "--arch", "qwen2"]
+            make += ["--layers", "2", "--hidden", "64", "--heads", "4", "--kv-heads", "2"]
             subprocess.run(
-                [python, "-m", "tiny_engine.make_checkpoint", str(model), "--arch", "qwen2"]
-                + ["--layers", "2", "--hidden", "64", "--heads", "4", "--kv-heads", "2"],
+                make,
                 env=env,
                 check=True,
                 capture_output=True,

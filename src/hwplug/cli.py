@@ -62,6 +62,7 @@ gives; nothing is printed."""
 
 MATRIX_FORMATS = ("table", "markdown", "json")
 
+
 class _Commands(TyperGroup):
     """Typer's group, listing each command with the whole first sentence of its help
     (wrapped to the terminal), not the first 45 characters or so."""
