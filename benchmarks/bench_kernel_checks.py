@@ -9,17 +9,20 @@ side by side in this process (medians of interleaved repeats):
 - ``attention_call_us``: one layer's decode attention through the engine's
   call (``cpu_decode.run``: checks, marshalling, kernel) against the bare
   ctypes call of the same kernel with its arguments made beforehand;
-  ``python_us`` is the difference (the checks and marshalling);
+  ``python_us`` is the difference (the checks and the marshalling), and
+  ``checks_us`` the checks alone (the call's rules, ``STEP``);
 - ``c_bounds_us``: the kernel as the library is built against the same
   sources built with ``-DHWPLUG_UNCHECKED_INDICES`` (the index checks
   compiled out), same inputs;
 - ``linear_call_us``: ``linear(..., backend="native")`` against the
-  kernel's product on checked arguments (``cpu_linear.run``): the guard of
-  the entry;
+  kernel's product on checked arguments (``cpu_linear.run``): ``routing`` is
+  the difference (the backend's dispatch, most of it older than the checks),
+  ``guard`` the check that ``linear`` adds before it routes;
 - ``step_ms``: a decode step of the model's shapes (each layer: its seven
   linears and its attention call, through the engine's calls), and
-  ``checks_share``: ``layers x (python_us + c_bounds_us) + 7 x layers x
-  linear guard``, over ``step_ms``. The step leaves out norms, rotary
+  ``checks_share``: ``layers x (checks_us + c_bounds_us) + 7 x layers x
+  linear guard``, over ``step_ms`` (``python_and_checks_share`` counts all of
+  ``python_us``, the marshalling too). The step leaves out norms, rotary
   embeddings and sampling, so the share is an upper bound of the share of a
   real step. The goal is under 2%.
 
@@ -129,10 +132,15 @@ def bench(args: argparse.Namespace, seqs: int, unchecked: ctypes.CDLL) -> dict[s
 
         return call
 
+    arguments = (query, *caches[0], table, lens, out, keys, values, slots)
+
+    def python_checks() -> None:
+        cpu_decode._check_heads("step", cpu_decode.STEP.check_values(arguments))
+
     checked_lib = bindings.library()
     assert not isinstance(checked_lib, str)
-    engine_s, raw_s, unchecked_s = interleaved_medians(
-        [engine_call, raw(checked_lib), raw(unchecked)], args.repeats
+    engine_s, raw_s, unchecked_s, checks_only_s = interleaved_medians(
+        [engine_call, raw(checked_lib), raw(unchecked), python_checks], args.repeats
     )
 
     # the linears of a layer: q, k, v, o, gate, up, down
@@ -150,7 +158,15 @@ def bench(args: argparse.Namespace, seqs: int, unchecked: ctypes.CDLL) -> dict[s
     def linear_kernel() -> None:
         cpu_linear.run(x, weights[0][0], None, dtype=dtype)
 
-    entry_s, kernel_s = interleaved_medians([linear_entry, linear_kernel], args.repeats)
+    w0 = weights[0][0]
+
+    def linear_guard() -> bool:
+        # the check linear() makes before it routes a call (kernels/linear.py)
+        return x.dim() == 0 or x.shape[-1] != w0.shape[1]
+
+    entry_s, kernel_s, guard_s = interleaved_medians(
+        [linear_entry, linear_kernel, linear_guard], args.repeats
+    )
 
     def step() -> None:
         for layer in range(args.layers):
@@ -159,16 +175,19 @@ def bench(args: argparse.Namespace, seqs: int, unchecked: ctypes.CDLL) -> dict[s
             engine_call(layer)
 
     (step_s,) = interleaved_medians([step], max(20, args.repeats // 10))
-    guard_s = max(0.0, entry_s - kernel_s)
     python_s = max(0.0, engine_s - raw_s)
     c_bounds_s = max(0.0, raw_s - unchecked_s)
-    checks_s = args.layers * (python_s + c_bounds_s) + 7 * args.layers * guard_s
+    # the checks: the rules of the step's call, the C bounds, and the linear entry's path
+    # in front of the kernel (its guard and routing, an upper bound of the guard)
+    checks_s = args.layers * (checks_only_s + c_bounds_s) + 7 * args.layers * guard_s
+    overhead_s = args.layers * (python_s + c_bounds_s) + 7 * args.layers * (entry_s - kernel_s)
     return {
         "seqs": seqs,
         "attention_call_us": {
             "engine_call": round(engine_s * 1e6, 2),
             "bare_kernel": round(raw_s * 1e6, 2),
             "python_us": round(python_s * 1e6, 2),
+            "checks_us": round(checks_only_s * 1e6, 2),
         },
         "c_bounds_us": {
             "checked": round(raw_s * 1e6, 2),
@@ -178,11 +197,13 @@ def bench(args: argparse.Namespace, seqs: int, unchecked: ctypes.CDLL) -> dict[s
         "linear_call_us": {
             "entry": round(entry_s * 1e6, 2),
             "kernel_run": round(kernel_s * 1e6, 2),
-            "guard": round(guard_s * 1e6, 2),
+            "routing": round((entry_s - kernel_s) * 1e6, 2),
+            "guard": round(guard_s * 1e6, 3),
         },
         "step_ms": round(step_s * 1e3, 3),
         "checks_per_step_us": round(checks_s * 1e6, 1),
         "checks_share": round(checks_s / step_s, 5),
+        "python_and_checks_share": round(overhead_s / step_s, 5),
     }
 
 

@@ -61,12 +61,21 @@ MAX_BLOCK_SIZE = 256
 def library() -> ctypes.CDLL | str:
     """The native library with every signature declared, or why it cannot run now
     (``HWPLUG_NATIVE_KERNELS=0`` is read first, at each call: nothing is built then)."""
+    global _ready
     if os.environ.get(native.ENV, "").strip() == "0":
         return f"{native.ENV}=0 is set"
+    if _ready is not None:  # (loaded once, it stays loaded: the hot paths' answer)
+        return _ready
     loaded = native.library()
     if isinstance(loaded, str):
         return loaded
-    return _declared(loaded)
+    declared = _declared(loaded)
+    if not isinstance(declared, str):
+        _ready = declared
+    return declared
+
+
+_ready: ctypes.CDLL | None = None
 
 
 @functools.cache
@@ -137,6 +146,12 @@ def capabilities(lib: ctypes.CDLL | str | None = None) -> Capabilities:
     return _NONE if isinstance(lib, str) else _capabilities(lib)
 
 
+def loaded_capabilities() -> Capabilities:
+    """What the library can do, for a hot path whose caller has checked that the kernels
+    run now (no second read of the kill switch); all off where nothing is loaded."""
+    return _NONE if _ready is None else _capabilities(_ready)
+
+
 @functools.cache
 def _capabilities(lib: ctypes.CDLL) -> Capabilities:
     lanes = int(lib.hwplug_linear_simd())
@@ -147,8 +162,15 @@ def _capabilities(lib: ctypes.CDLL) -> Capabilities:
     )
 
 
+def loaded_library() -> ctypes.CDLL | str:
+    """:func:`library` for a caller that has read the kill switch itself (a hot path):
+    the library once loaded, without a second read."""
+    return _ready if _ready is not None else library()
+
+
 def _loaded(what: str) -> ctypes.CDLL:
-    lib = library()
+    """The loaded library, for a call whose caller has checked that the kernels run."""
+    lib = loaded_library()
     if isinstance(lib, str):
         raise RuntimeError(f"the native {what} kernel cannot run: {lib}")
     return lib
@@ -298,7 +320,7 @@ def paged_decode(
         rows = slots.shape[0]
     codes = _code_values(key_cache.dtype) if kind == 3 else None
     strides = key_cache.stride()
-    fault = (ctypes.c_int64 * 3)()
+    fault = _Fault()
     status = lib.hwplug_paged_decode(
         query.data_ptr(), QUERY_KINDS[query.dtype],
         key_cache.data_ptr(), value_cache.data_ptr(), kind,
@@ -317,6 +339,11 @@ def paged_decode(
     if target is not out:
         out.copy_(target)
     return out
+
+
+_Fault = ctypes.c_int64 * 3
+"""Where ``hwplug_paged_decode`` says which value was bad (one per call: calls may run
+on several threads)."""
 
 
 def _decode_error(

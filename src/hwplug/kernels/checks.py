@@ -94,8 +94,21 @@ class Entry:
     tensors: tuple[TensorRule, ...]
 
     def __post_init__(self) -> None:
-        allowed = {rule.name: _allowed_set(rule.dtypes) for rule in self.tensors}
-        object.__setattr__(self, "_allowed", allowed)
+        # each rule as a plain tuple, in order: attribute lookups cost on a hot path
+        plan = tuple(
+            (
+                rule,
+                rule.name,
+                rule.dims,
+                len(rule.dims),
+                _allowed_set(rule.dtypes),
+                None
+                if rule.same_dtype_as is None
+                else [r.name for r in self.tensors].index(rule.same_dtype_as),
+            )
+            for rule in self.tensors
+        )
+        object.__setattr__(self, "_plan", plan)
         object.__setattr__(self, "_writes", any(rule.written for rule in self.tensors))
 
     def check(self, given: Mapping[str, object]) -> dict[str, int]:
@@ -105,76 +118,92 @@ class Entry:
         :raises KernelTypeError: an argument that is not a tensor (or None where allowed).
         :raises KernelArgumentError: a rank, size, dtype, device or aliasing rule broken.
         """
+        return self.check_values(tuple(given.get(rule.name) for rule in self.tensors))
+
+    def check_values(self, values: tuple[object, ...]) -> dict[str, int]:
+        """:meth:`check` with the arguments' values in the rules' order (the hot paths'
+        call: no mapping built)."""
         sizes: dict[str, int] = {}
-        bound_by: dict[str, str] = {}
-        spans: list[tuple[TensorRule, torch.Tensor, int, int]] = []
-        allowed: dict[str, frozenset[torch.dtype]] = self._allowed  # type: ignore[attr-defined]
+        spans: list[tuple[int, int, TensorRule, torch.Tensor]] = []
         writes: bool = self._writes  # type: ignore[attr-defined]
-        for rule in self.tensors:
-            tensor = given.get(rule.name)
+        strided = torch.strided
+        for (rule, name, dims, rank, allowed, same_as), tensor in zip(
+            self._plan,  # type: ignore[attr-defined]
+            values,
+        ):
             if tensor is None:
                 if rule.optional:
                     continue
-                raise KernelTypeError(
-                    f"{self.name}: {rule.name} is required (a torch.Tensor); got None"
-                )
+                raise KernelTypeError(f"{self.name}: {name} is required (a torch.Tensor); got None")
             if not isinstance(tensor, torch.Tensor):
                 raise KernelTypeError(
-                    f"{self.name}: {rule.name} must be a torch.Tensor; got {type(tensor).__name__}"
+                    f"{self.name}: {name} must be a torch.Tensor; got {type(tensor).__name__}"
                 )
             shape = tensor.shape
-            if len(shape) != len(rule.dims):
+            if len(shape) != rank:
                 raise KernelArgumentError(
-                    f"{self.name}: {rule.name} must be [{', '.join(rule.dims)}] "
-                    f"({len(rule.dims)} dimensions); got shape {list(shape)}"
+                    f"{self.name}: {name} must be [{', '.join(dims)}] ({rank} dimensions); got "
+                    f"shape {list(shape)}"
                 )
-            for dim, size in zip(rule.dims, shape):
-                known = sizes.get(dim)
-                if known is None:
-                    sizes[dim] = size
-                    bound_by[dim] = rule.name
-                elif known != size:
-                    self._size_error(rule, tensor, dim, known, bound_by[dim])
-            if tensor.dtype not in allowed[rule.name]:
+            for dim, size in zip(dims, shape):
+                if sizes.setdefault(dim, size) != size:
+                    self._size_error(rule, tensor, dim, sizes[dim], values)
+            dtype = tensor.dtype
+            if dtype not in allowed:
                 raise KernelArgumentError(
-                    f"{self.name}: {rule.name} must be {_describe(rule.dtypes)}; got "
-                    f"{dtype_names([tensor.dtype])}"
+                    f"{self.name}: {name} must be {_describe(rule.dtypes)}; got "
+                    f"{dtype_names([dtype])}"
                 )
-            if rule.same_dtype_as is not None:
-                other = given.get(rule.same_dtype_as)
-                if isinstance(other, torch.Tensor) and other.dtype != tensor.dtype:
+            if same_as is not None:
+                other = values[same_as]
+                if isinstance(other, torch.Tensor) and other.dtype != dtype:
                     raise KernelArgumentError(
-                        f"{self.name}: {rule.name} must have {rule.same_dtype_as}'s dtype "
-                        f"({dtype_names([other.dtype])}); got {dtype_names([tensor.dtype])}"
+                        f"{self.name}: {name} must have {rule.same_dtype_as}'s dtype "
+                        f"({dtype_names([other.dtype])}); got {dtype_names([dtype])}"
                     )
             if not tensor.is_cpu:
                 raise KernelArgumentError(
-                    f"{self.name}: {rule.name} is on {tensor.device}; the native kernels take "
-                    "CPU tensors only"
+                    f"{self.name}: {name} is on {tensor.device}; the native kernels take CPU "
+                    "tensors only"
                 )
-            if tensor.layout is not torch.strided:
+            if tensor.layout is not strided:
                 raise KernelArgumentError(
-                    f"{self.name}: {rule.name} must be a dense (strided) tensor; got "
-                    f"{tensor.layout}"
+                    f"{self.name}: {name} must be a dense (strided) tensor; got {tensor.layout}"
                 )
-            if writes and tensor.numel():
-                spans.append((rule, tensor, *self._span(rule, tensor)))
-        if writes:
+            if writes:
+                count = tensor.numel()
+                if count == 0:
+                    continue
+                start = tensor.data_ptr()
+                if tensor.is_contiguous():
+                    spans.append((start, start + count * tensor.element_size(), rule, tensor))
+                else:
+                    spans.append((start, self._end(rule, tensor, start), rule, tensor))
+        if len(spans) > 1:
             self._check_written(spans)
         return sizes
 
     def _size_error(
-        self, rule: TensorRule, tensor: torch.Tensor, dim: str, known: int, bound_by: str
+        self,
+        rule: TensorRule,
+        tensor: torch.Tensor,
+        dim: str,
+        known: int,
+        values: tuple[object, ...],
     ) -> None:
-        where = "its own" if bound_by == rule.name else f"{bound_by}'s"
+        binder = next(
+            r.name for r, value in zip(self.tensors, values) if dim in r.dims and value is not None
+        )
+        where = "its own" if binder == rule.name else f"{binder}'s"
         raise KernelArgumentError(
             f"{self.name}: {rule.name} has {dim} = {tensor.shape[rule.dims.index(dim)]} "
             f"(shape {list(tensor.shape)}), but {where} {dim} is {known}; they must be equal"
         )
 
-    def _span(self, rule: TensorRule, tensor: torch.Tensor) -> tuple[int, int]:
-        """The bytes ``[first, last)`` a non-empty tensor's elements cover; a written
-        tensor whose elements alias each other (a dimension of stride 0) is refused."""
+    def _end(self, rule: TensorRule, tensor: torch.Tensor, start: int) -> int:
+        """The byte past the last a non-contiguous, non-empty tensor's elements cover; a
+        written tensor whose elements alias each other (a dimension of stride 0) is
+        refused."""
         extent = 0
         for size, stride in zip(tensor.shape, tensor.stride()):
             if size > 1:
@@ -185,16 +214,16 @@ class Entry:
                         f"{list(tensor.stride())}); pass a tensor whose elements are distinct"
                     )
                 extent += (size - 1) * stride
-        start = tensor.data_ptr()
-        return start, start + (extent + 1) * tensor.element_size()
+        return start + (extent + 1) * tensor.element_size()
 
-    def _check_written(self, spans: list[tuple[TensorRule, torch.Tensor, int, int]]) -> None:
-        """No written tensor shares memory with another argument."""
-        for i, (rule, tensor, low, high) in enumerate(spans):
+    def _check_written(self, spans: list[tuple[int, int, TensorRule, torch.Tensor]]) -> None:
+        """No written tensor shares memory with another argument: each written tensor's
+        span of addresses against every other's, the exact test only where two meet."""
+        for i, (low, high, rule, tensor) in enumerate(spans):
             if not rule.written:
                 continue
-            for j, (other_rule, other, other_low, other_high) in enumerate(spans):
-                if i == j or not (low < other_high and other_low < high):
+            for j, (other_low, other_high, other_rule, other) in enumerate(spans):
+                if i == j or other_low >= high or low >= other_high:
                     continue
                 if shares_memory(tensor, other):
                     raise KernelArgumentError(

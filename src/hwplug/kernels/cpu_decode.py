@@ -232,18 +232,8 @@ def run(
     :func:`hwplug.kernels.reference.write_slots` stores it, without its dispatch of two
     ``index_copy_`` calls."""
     keys, values, slots = write if write is not None else (None, None, None)
-    sizes = STEP.check(
-        {
-            "query": query,
-            "key_cache": key_cache,
-            "value_cache": value_cache,
-            "block_table": block_table,
-            "seq_lens": seq_lens,
-            "out": out,
-            "keys": keys,
-            "values": values,
-            "slots": slots,
-        }
+    sizes = STEP.check_values(
+        (query, key_cache, value_cache, block_table, seq_lens, out, keys, values, slots)
     )
     if write is not None and (keys is None or values is None or slots is None):
         raise TypeError("write must be (keys, values, slots), three tensors")

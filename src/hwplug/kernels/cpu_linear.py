@@ -31,6 +31,7 @@ bfloat16 subnormals, below about 1e-38, as zero).
 from __future__ import annotations
 
 import ctypes
+import os
 
 import torch
 
@@ -80,6 +81,15 @@ def loaded() -> ctypes.CDLL | str:
     return library
 
 
+def runs() -> bool:
+    """Whether the kernel runs on CPU tensors now (a hot path's question: the kill switch
+    read once, nothing else asked of the environment)."""
+    if os.environ.get(native.ENV, "").strip() == "0":
+        return False
+    library = bindings.loaded_library()
+    return not isinstance(library, str) and bindings.capabilities(library).lanes != 0
+
+
 def native_linear_amx() -> bool:
     """Whether bfloat16 products run on AMX tiles here (``csrc/linear_amx.c``): the
     library was built for a CPU with AMX-BF16 and the OS lets this process use them."""
@@ -99,7 +109,7 @@ def pairs_path(x: torch.Tensor, weight: torch.Tensor) -> str | None:
     bfloat16 ``x`` and weight on a CPU with AVX-512 BF16."""
     if x.dtype != torch.bfloat16 or weight.dtype != torch.bfloat16:
         return None
-    can = bindings.capabilities()
+    can = bindings.loaded_capabilities()  # (callers have read the kill switch)
     if weight.shape[1] % 32 == 0 and weight.shape[0] % 16 == 0 and can.amx:
         return "amx"
     return "dpbf16" if can.dpbf16 else None
