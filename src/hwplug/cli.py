@@ -129,6 +129,7 @@ class _Console(Console):
 
 def _validation_message(exc: ValidationError) -> str:
     """One ``section.field: message`` line from a pydantic ``ValidationError``."""
+    # lazy: the config models stay out of --help (under 1 s, no torch)
     from hwplug.core.config import EngineConfig
 
     sections = {cls.__name__: name for name, cls in EngineConfig.section_types().items()}
@@ -569,6 +570,7 @@ def profiles(
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
 ) -> None:
     """Every simulated device profile, usable with --simulate and HWPLUG_SIMULATE."""
+    # lazy: the support matrix stay out of --help (under 1 s, no torch)
     from hwplug import matrix as support
 
     manager = get_plugin_manager()
@@ -624,6 +626,7 @@ def parse_set_option(text: str) -> tuple[list[str], Any]:
 
     :raises CliError: the text is not ``section.field=value``.
     """
+    # lazy: the config models stay out of --help (under 1 s, no torch)
     from hwplug.core.config import EngineConfig
     from hwplug.core.config._common import check_depth
     from hwplug.core.config.engine import load_json
@@ -703,6 +706,7 @@ def _load_config(config_file: Path | None, assignments: Sequence[str]) -> Engine
     validated, so a file plus ``--set`` gives exactly what one source holding
     both would: only what the user wrote counts as set.
     """
+    # lazy: the config models stay out of --help (under 1 s, no torch)
     from hwplug.core.config import EngineConfig
 
     parsed = [(text, *parse_set_option(text)) for text in assignments]
@@ -858,6 +862,7 @@ def matrix(
     format, model dtypes, graph modes, default compilation level and
     distributed backend.
     """
+    # lazy: the support matrix stay out of --help (under 1 s, no torch)
     from hwplug import matrix as support
 
     fmt = output_format.strip().lower()

@@ -51,28 +51,31 @@ class OwnFp8Name(MetaAccelerator):
 def test_a_platform_that_runs_triton_makes_its_devices_triton_devices(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    """The kernels look up no platform: the caller passes its platform's ``runs_triton``
+    for the device (the Triton attention backend passes its session's)."""
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     from hwplug.kernels import select_backend, triton_unavailable_reason
 
     pytest.importorskip("triton")
-    with hwplug.use_platform(TritonMetaAccelerator.simulate("m1")):
-        assert triton_unavailable_reason("meta") is None
-        assert select_backend("auto", "meta") == "triton"
-    with hwplug.use_platform(MetaAccelerator.simulate("m1")):
-        reason = triton_unavailable_reason("meta") or ""
-        assert "the metaacc platform does not run Triton" in reason
-        assert select_backend("auto", "meta") == "torch"
+    runs = TritonMetaAccelerator.simulate("m1").runs_triton
+    assert triton_unavailable_reason("meta", runs_triton=runs) is None
+    assert select_backend("auto", "meta", runs_triton=runs) == "triton"
+    runs = MetaAccelerator.simulate("m1").runs_triton
+    reason = triton_unavailable_reason("meta", runs_triton=runs) or ""
+    assert "the platform of meta tensors does not run Triton" in reason
+    assert select_backend("auto", "meta", runs_triton=runs) == "torch"
 
 
-def test_tensors_of_another_device_type_than_the_platform_do_not_run_triton(
+def test_without_a_platforms_answer_the_device_type_decides(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
-    from hwplug.kernels import triton_unavailable_reason
+    from hwplug.kernels import TRITON_DEVICE_TYPES, triton_unavailable_reason
 
+    assert TRITON_DEVICE_TYPES == {"cuda", "xpu"}
     with hwplug.use_platform(TritonMetaAccelerator.simulate("m1")):
-        reason = triton_unavailable_reason("xpu") or ""
-    assert "no xpu devices" in reason
+        reason = triton_unavailable_reason("hpu") or ""
+    assert "Triton has no backend for hpu devices" in reason
 
 
 def test_triton_attention_serves_a_platform_that_runs_triton() -> None:

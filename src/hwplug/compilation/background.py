@@ -40,6 +40,7 @@ from __future__ import annotations
 import atexit
 import contextvars
 import logging
+import math
 import os
 import threading
 import time
@@ -207,9 +208,14 @@ class BackgroundCompilation(Generic[_T]):
             return self.done
         self._cancelled = True
         deadline = None if timeout is None else time.monotonic() + timeout
+        asked = -math.inf
         while not self.done:
-            if self._building:
-                _raise_in(self._thread, CompilationCancelled)
+            # asked again only after a while: a thread unwinding from the first request
+            # runs finally blocks and weakref callbacks, where a second one would be an
+            # "Exception ignored" instead of a stop
+            again = self._building and time.monotonic() - asked >= _CANCEL_AGAIN
+            if again and _raise_in(self._thread, CompilationCancelled):
+                asked = time.monotonic()
             left = None if deadline is None else deadline - time.monotonic()
             if left is not None and left <= 0:
                 break
@@ -229,23 +235,28 @@ class BackgroundCompilation(Generic[_T]):
 
 
 _CANCEL_POLL = 0.02
-"""Seconds between two cancellation requests (torch code that catches every exception and
-carries on gets another)."""
+"""Seconds between two looks at whether a cancelled thread has ended."""
+_CANCEL_AGAIN = 1.0
+"""Seconds before a cancellation is asked again (torch code that catches every exception
+and carries on gets another)."""
 
 
-def _raise_in(thread: threading.Thread, exc_type: type[BaseException]) -> None:
+def _raise_in(thread: threading.Thread, exc_type: type[BaseException]) -> bool:
     """Raise ``exc_type`` in ``thread`` at its next Python instruction, unless it is
     importing a module: an import it interrupted would leave a half-made module behind
-    for the rest of the process (the caller asks again a moment later)."""
+    for the rest of the process (the caller asks again a moment later). Returns whether
+    the request stands."""
     import ctypes
 
     ident = thread.ident
     if ident is None or _importing(ident):
-        return
+        return False
     set_async_exc = ctypes.pythonapi.PyThreadState_SetAsyncExc
     set_async_exc(ctypes.c_ulong(ident), ctypes.py_object(exc_type))
     if _importing(ident):  # it began one in between: take the request back
         set_async_exc(ctypes.c_ulong(ident), None)
+        return False
+    return True
 
 
 def _importing(ident: int) -> bool:
