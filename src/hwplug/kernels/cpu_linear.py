@@ -188,12 +188,13 @@ def run(
     if out is None:
         direct = pairs is not None and dtype == torch.bfloat16 and given is None
         out = torch.empty((rows, features), dtype=dtype if direct else torch.float32)
-    if rows == 0 or features == 0:
-        pass
-    elif inputs == 0:
-        out.copy_(bias.expand(rows, features)) if bias is not None else out.zero_()
-    else:
-        bindings.linear(x, weight, bias, out, pairs=pairs)
+    if rows > 0 and features > 0:
+        if inputs > 0:
+            bindings.linear(x, weight, bias, out, pairs=pairs)
+        elif bias is not None:  # an empty product: the bias alone
+            out.copy_(bias.expand(rows, features))
+        else:
+            out.zero_()
     if given is not None and given is not out:
         given.copy_(out)
         out = given
