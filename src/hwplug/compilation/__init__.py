@@ -1,6 +1,8 @@
-"""Compilation support: :func:`compile_model`, the level-3 piecewise backend, and
+"""Compilation support: :func:`compile_model`, the level-3 piecewise backend,
 compiling in a worker thread while an engine serves eagerly
-(:class:`BackgroundCompilation`, :func:`compiles_in_background`).
+(:class:`BackgroundCompilation`, :func:`compiles_in_background`), and host step
+graphs for devices without device graphs (:class:`StepGraphWrapper`,
+:class:`InductorStepBackend`).
 
 Importing this package is cheap: :class:`PiecewiseBackend`, which imports
 torch, is loaded on first use.
@@ -12,11 +14,20 @@ from typing import TYPE_CHECKING, Any
 
 from hwplug.compilation.background import BackgroundCompilation, compiles_in_background
 from hwplug.compilation.compile import compile_model
+from hwplug.compilation.step_graphs import InductorStepBackend, StepGraph, StepGraphWrapper
 
 if TYPE_CHECKING:
     from hwplug.compilation.piecewise import PiecewiseBackend
 
-__all__ = ["BackgroundCompilation", "PiecewiseBackend", "compile_model", "compiles_in_background"]
+__all__ = [
+    "BackgroundCompilation",
+    "InductorStepBackend",
+    "PiecewiseBackend",
+    "StepGraph",
+    "StepGraphWrapper",
+    "compile_model",
+    "compiles_in_background",
+]
 
 
 def __getattr__(name: str) -> Any:

@@ -9,6 +9,10 @@
   wrapper around a whole model can nest PIECEWISE wrappers around its
   pieces: each wrapper captures only when the context's mode is its own.
 * :func:`capture_graphs` captures a dispatcher's plan inside the capture phase.
+* :class:`CallableGraphBackend` is the other kind of backend: a host graph
+  (a step compiled for the key's static shapes, run without per-step Python
+  where the device has no graphs, as on CPUs) called with each step's inputs
+  instead of replaying static buffers.
 
 Dispatch (:class:`GraphDispatcher`) and mode fitting
 (:func:`resolve_runtime_graph_mode`) have modules of their own and are
@@ -45,6 +49,7 @@ if TYPE_CHECKING:
 __all__ = [
     "AttentionGraphSupport",
     "BatchDescriptor",
+    "CallableGraphBackend",
     "GraphBackend",
     "GraphContext",
     "GraphDispatcher",
@@ -157,6 +162,7 @@ def capture_graphs(
     plan: Mapping[CUDAGraphMode, Iterable[BatchDescriptor]],
     *,
     num_warmups: int = 0,
+    pause_gc: bool = True,
 ) -> list[tuple[CUDAGraphMode, BatchDescriptor]]:
     """Capture every planned graph, PIECEWISE keys first, each mode largest key first.
 
@@ -165,7 +171,8 @@ def capture_graphs(
     while the wrappers are still warming up (``cudagraph_num_of_warmups``)
     without having captured. Largest first lets smaller graphs reuse the
     shared memory pool. Capture is open during the call and the garbage
-    collector is paused. ``plan`` is usually
+    collector is paused (unless ``pause_gc`` is False: host graphs built in a
+    worker thread while the engine serves). ``plan`` is usually
     :meth:`GraphDispatcher.capture_keys`.
 
     :returns: The ``(mode, key)`` pairs a wrapper really captured, in order;
@@ -191,9 +198,10 @@ def capture_graphs(
     done: list[tuple[CUDAGraphMode, BatchDescriptor]] = []
     log: list[tuple[str, CUDAGraphMode, BatchDescriptor]] = []
     token = _capture_log.set(log)
-    gc_was_enabled = gc.isenabled()
-    gc.collect()
-    gc.disable()
+    gc_was_enabled = gc.isenabled() and pause_gc
+    if pause_gc:
+        gc.collect()
+        gc.disable()
     try:
         with capture_phase():
             for number, (mode, key) in enumerate(keys, 1):
@@ -270,6 +278,36 @@ class GraphBackend(Protocol):
 
     def synchronize(self) -> None:
         """Wait until the device has finished the work queued so far."""
+        ...
+
+
+@runtime_checkable
+class CallableGraphBackend(GraphBackend, Protocol):
+    """A :class:`GraphBackend` whose graphs are functions of the step's inputs.
+
+    A device graph replays the kernels it recorded on the buffers it recorded
+    them with. A host graph (a step compiled ahead for one key's static shapes:
+    :class:`hwplug.compilation.InductorStepBackend`) is called with the step's
+    tensors instead, so it needs neither static buffers nor copies, and may be
+    captured on buffers of its own while the engine serves on others.
+    :class:`GraphWrapper` uses these two methods in place of ``capture`` and
+    ``replay`` when its backend has them.
+    """
+
+    def capture_call(
+        self,
+        runnable: Callable[..., Any],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        *,
+        key: BatchDescriptor,
+    ) -> tuple[Any, Any]:
+        """Build the graph of ``runnable`` for ``key`` and run it on ``args``;
+        return ``(graph, output)``."""
+        ...
+
+    def call(self, graph: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """Run ``graph`` on this step's ``args``; return its output."""
         ...
 
 
@@ -362,6 +400,9 @@ class GraphWrapper:
         )
         self.num_warmups = int(compilation_config.cudagraph_num_of_warmups or 0)
         self.copy_inputs = bool(compilation_config.cudagraph_copy_inputs)
+        self.calls_with_inputs = isinstance(self.backend, CallableGraphBackend)
+        """Whether the backend's graphs take each step's inputs (host graphs): no
+        static buffers, no copies, no address checks."""
         self._entries: dict[BatchDescriptor, _Entry] = {}
         self._pool: Any = None
         self._pool_ready = False
@@ -388,6 +429,17 @@ class GraphWrapper:
             raise KeyError(f"{type(self).__name__} has no graph captured for {key}")
         return entry.static_args, entry.static_kwargs
 
+    def graph_for(self, key: BatchDescriptor) -> Any:
+        """The backend's graph for ``key`` (a ``torch.cuda.CUDAGraph``, a
+        :class:`~hwplug.compilation.StepGraph`, ...).
+
+        :raises KeyError: no graph is captured for ``key``.
+        """
+        entry = self._entries.get(key)
+        if entry is None or entry.graph is None:
+            raise KeyError(f"{type(self).__name__} has no graph captured for {key}")
+        return entry.graph
+
     def is_captured(self, key: BatchDescriptor) -> bool:
         entry = self._entries.get(key)
         return entry is not None and entry.graph is not None
@@ -407,6 +459,8 @@ class GraphWrapper:
         assert key is not None  # graph_context() requires it for FULL/PIECEWISE
         entry = self._entries.get(key)
         if entry is not None and entry.graph is not None:
+            if self.calls_with_inputs:
+                return self.backend.call(entry.graph, args, kwargs)  # type: ignore[attr-defined]
             return self._replay(entry, key, args, kwargs)
         if not _capture_enabled:
             raise RuntimeError(
@@ -433,6 +487,13 @@ class GraphWrapper:
         if not self._pool_ready:
             self._pool = self.backend.graph_pool_handle()
             self._pool_ready = True
+        if self.calls_with_inputs:
+            graph, output = self.backend.capture_call(  # type: ignore[attr-defined]
+                self.runnable, args, kwargs, key=key
+            )
+            entry.graph = graph
+            logger.debug("%s built a %s graph for %s", self.backend.name, self.runtime_mode, key)
+            return output
         positions = tuple(i for i, a in enumerate(args) if isinstance(a, torch.Tensor))
         names = tuple(k for k, v in kwargs.items() if isinstance(v, torch.Tensor))
         static_args = list(args)

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
 
 from hwplug.core.dtypes import CACHE_DTYPE_FORMATS, canonical_dtype
 from hwplug.core.errors import ConfigError, PluginError, brief
-from hwplug.core.graphs import GraphWrapper
+from hwplug.core.graphs import GraphDispatcher, GraphWrapper
 from hwplug.core.runtime import DIST_TIMEOUT, DeviceRuntime
 
 FP8_TORCH_NAMES = ("float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2", "float8_e5m2fnuz")
@@ -595,6 +595,45 @@ class Platform:
         graphs returns None even where the platform class has them.
         """
         return None
+
+    def step_graph_wrapper_cls(self) -> type | None:
+        """The wrapper of host step graphs for a device without device graphs, or None.
+
+        A host step graph is a whole step compiled ahead for one graph key's
+        static shapes, run with no per-step Python (the CPU platform's:
+        :class:`hwplug.compilation.StepGraphWrapper`, Inductor with its C++
+        wrapper). An engine builds one wrapper around its model, captures the
+        keys of :meth:`step_graph_dispatcher` and dispatches each batch as it
+        would for device graphs. The base has none.
+        """
+        return None
+
+    def step_graph_sizes(self, config: EngineConfig) -> tuple[int, ...]:
+        """The decode batch sizes (tokens) to build host step graphs for, largest first.
+
+        Empty where :meth:`step_graph_wrapper_cls` is None (the base) or the
+        config does not compile.
+        """
+        return ()
+
+    def step_graph_dispatcher(self, config: EngineConfig) -> GraphDispatcher | None:
+        """A dispatcher for this platform's host step graphs under ``config``, or None.
+
+        Uniform decode batches of up to the largest of :meth:`step_graph_sizes`
+        are padded to the next size and run as FULL graphs; every other batch
+        runs as NONE (the engine's compiled model), as device graphs fall back.
+        None without a step-graph wrapper or sizes, and on a device with graphs.
+        """
+        if self.has_device_graphs() or self.step_graph_wrapper_cls() is None:
+            return None
+        sizes = self.step_graph_sizes(config)
+        if not sizes:
+            return None
+        from hwplug.core.config import CompilationConfig, CUDAGraphMode
+
+        plan = CompilationConfig(cudagraph_mode=CUDAGraphMode.FULL_DECODE_ONLY)
+        plan.init_with_cudagraph_sizes(list(sizes))
+        return GraphDispatcher(plan, max_num_seqs=config.scheduler.max_num_seqs)
 
     def has_device_graphs(self) -> bool:
         """Whether this device captures graphs: :attr:`supports_device_graphs` and a

@@ -33,6 +33,7 @@ from hwplug.core.graphs import (
     BatchDescriptor,
     GraphBackend,
     GraphDispatcher,
+    GraphWrapper,
     capture_graphs,
     current_graph_context,
     graph_context,
@@ -150,6 +151,17 @@ class ModelRunner:
             self.full_graph = wrapper_cls(
                 self.compiled, config.compilation, CUDAGraphMode.FULL, backend=self.graph_backend
             )
+        self.step_dispatcher: GraphDispatcher | None = None
+        """Where the device has no graphs: the dispatcher of the platform's host step
+        graphs (uniform decode batches padded to a built size), else None."""
+        self.step_graph: GraphWrapper | None = None
+        """The platform's host step graphs around the model (built per key in
+        :meth:`capture`, or in the background compilation's thread)."""
+        step_cls = platform.step_graph_wrapper_cls()
+        if compile_model and step_cls is not None and device.type == platform.device_type:
+            self.step_dispatcher = platform.step_graph_dispatcher(config)
+            if self.step_dispatcher is not None:
+                self.step_graph = step_cls(model, config.compilation, CUDAGraphMode.FULL)
         self.captured: list[tuple[CUDAGraphMode, BatchDescriptor]] = []
         self.eager_steps = 0
         """Steps still to run eagerly, without compiled code or graphs (fp8 scale steps)."""
@@ -219,6 +231,16 @@ class ModelRunner:
         )
         return args, prepared
 
+    def _step_graph_key(self, batch: BatchDescriptor) -> tuple[CUDAGraphMode, BatchDescriptor]:
+        """The host step graph for ``batch``: FULL and its key once that key is built
+        (and the compiled model adopted), else NONE: the compiled model runs it."""
+        assert self.step_dispatcher is not None
+        assert self.step_graph is not None
+        mode, key = self.step_dispatcher.dispatch(batch)
+        if mode is CUDAGraphMode.FULL and self.step_graph.is_captured(key):
+            return mode, key
+        return CUDAGraphMode.NONE, batch
+
     def _graph_batch(self, padded: int) -> int:
         """Sequences in a FULL graph of ``padded`` tokens (the unused ones are empty)."""
         return min(padded, self.max_num_seqs)
@@ -253,9 +275,10 @@ class ModelRunner:
         if self.eager_steps:
             mode, key = CUDAGraphMode.NONE, BatchDescriptor(num_tokens)
         else:
-            mode, key = self.dispatcher.dispatch(
-                BatchDescriptor(num_tokens, step.is_uniform_decode)
-            )
+            batch_key = BatchDescriptor(num_tokens, step.is_uniform_decode)
+            mode, key = self.dispatcher.dispatch(batch_key)
+            if mode is CUDAGraphMode.NONE and self.step_dispatcher is not None:
+                mode, key = self._step_graph_key(batch_key)
         padded = key.num_tokens if mode is not CUDAGraphMode.NONE else num_tokens
         num_seqs = len(step.tokens)
         batch = self._graph_batch(padded) if mode is CUDAGraphMode.FULL else num_seqs
@@ -311,8 +334,10 @@ class ModelRunner:
         if mode is CUDAGraphMode.NONE:
             return self.compiled(*args)
         with graph_context(mode, key):
-            if mode is CUDAGraphMode.FULL and self.full_graph is not None:
-                return self.full_graph(*args)
+            if mode is CUDAGraphMode.FULL:
+                graph = self.full_graph if self.full_graph is not None else self.step_graph
+                if graph is not None:
+                    return graph(*args)
             return self.compiled(*args)
 
     def execute(self, step: StepInput | Step) -> tuple[torch.Tensor, list[int]]:
@@ -374,10 +399,38 @@ class ModelRunner:
 
     def _build_in_background(self) -> Callable[..., torch.Tensor]:
         """The compiled model, traced and warmed up on buffers of its own (the engine's
-        steps use the runner's meanwhile); runs in the compilation's worker thread."""
+        steps use the runner's meanwhile), then the host step graphs, built on those
+        buffers too; runs in the compilation's worker thread."""
+        buffers = self._private_buffers()
         compiled = self._compile()
-        self._warm(compiled, self._private_buffers())
+        self._warm(compiled, buffers)
+        self._capture_step_graphs(buffers)
         return compiled
+
+    def _capture_step_graphs(
+        self, buffers: tuple[torch.Tensor, torch.Tensor, AttentionMetadata] | None = None
+    ) -> list[tuple[CUDAGraphMode, BatchDescriptor]]:
+        """Build the platform's host step graphs (none without them), on ``buffers``
+        (default: the runner's own). A key whose build fails is logged and left out:
+        its batches run on the compiled model."""
+        if self.step_dispatcher is None or self.step_graph is None:
+            return []
+        graph = self.step_graph
+
+        def run(key: BatchDescriptor) -> None:
+            args, prepared = self._dummy_inputs(key.num_tokens, key.num_tokens, True, buffers)
+            with forward_context(prepared):
+                try:
+                    graph(*args)
+                except Exception as error:
+                    # (a cancellation is a BaseException: it goes through)
+                    logger.warning(
+                        "no host step graph for %s: %s: %s", key, type(error).__name__, error
+                    )
+
+        built = capture_graphs(run, self.step_dispatcher.capture_keys(), pause_gc=False)
+        self.captured.extend(built)
+        return built
 
     def _adopt(self, done: BackgroundCompilation[Callable[..., torch.Tensor]]) -> None:
         """Switch to a finished background compilation's model (an eager runner stays
@@ -407,14 +460,19 @@ class ModelRunner:
             self.background, self._finished = None, pending
 
     def compilation_state(self) -> dict[str, Any]:
-        """How compilation stands: ``compiled`` (steps run compiled code),
+        """How compilation stands: ``step_graphs`` (the decode sizes that run as the
+        platform's host step graphs), ``compiled`` (steps run compiled code),
         ``compiling_in_background`` (a worker thread is still at it), and for a
         background compilation that has finished, ``background_compile_seconds`` and
         ``compile_error`` (None, or why it failed and the runner stayed eager)."""
         pending, finished = self.background, self._finished
         if pending is not None and pending.done:
             finished = pending
+        graphs = self.step_graph
         return {
+            "step_graphs": []
+            if graphs is None
+            else sorted(key.num_tokens for key in graphs.captured_keys),
             "compiled": self.compiled is not self.model
             or (finished is not None and finished.result is not None),
             "compiling_in_background": pending is not None and not pending.done,
@@ -442,9 +500,13 @@ class ModelRunner:
                 self.compiled(*args)
 
     def capture(self) -> list[tuple[CUDAGraphMode, BatchDescriptor]]:
-        """Capture every graph the dispatcher can ask for (none without device graphs)."""
+        """Capture every graph the dispatcher can ask for: device graphs, or the
+        platform's host step graphs where the device has none (a background runner
+        builds those in its compilation's thread instead)."""
         plan = self.dispatcher.capture_keys()
         if not any(plan.values()):
+            if self.background is None and not self._compile_later:
+                return self._capture_step_graphs()
             return []
         warmups = int(self.config.compilation.cudagraph_num_of_warmups or 0)
         self.captured = capture_graphs(self._dummy_step, plan, num_warmups=warmups)

@@ -9,8 +9,10 @@ detection), ``profiles.py`` (simulated devices). The ``hwplug.platforms`` entry 
 from __future__ import annotations
 
 from hwplug.platforms.cpu.platform import (
+    DEFAULT_STEP_GRAPH_SIZES,
     KVCACHE_SPACE_ENV,
     MIN_KVCACHE_SPACE,
+    STEP_GRAPHS_ENV,
     CpuPlatform,
     hwplug_platforms,
 )
@@ -19,7 +21,9 @@ from hwplug.platforms.cpu.runtime import CpuRuntime
 __all__ = [
     "CpuPlatform",
     "CpuRuntime",
+    "DEFAULT_STEP_GRAPH_SIZES",
     "KVCACHE_SPACE_ENV",
     "MIN_KVCACHE_SPACE",
+    "STEP_GRAPHS_ENV",
     "hwplug_platforms",
 ]

@@ -29,8 +29,20 @@ if TYPE_CHECKING:
     from hwplug.core.config import EngineConfig, ModelConfig
     from hwplug.core.resolve import ChangeLog
 
-__all__ = ["KVCACHE_SPACE_ENV", "CpuPlatform", "hwplug_platforms"]
+__all__ = [
+    "DEFAULT_STEP_GRAPH_SIZES",
+    "KVCACHE_SPACE_ENV",
+    "STEP_GRAPHS_ENV",
+    "CpuPlatform",
+    "hwplug_platforms",
+]
 
+STEP_GRAPHS_ENV = "HWPLUG_CPU_STEP_GRAPHS"
+"""Environment variable: ``0`` turns the CPU's host step graphs off (default on)."""
+DEFAULT_STEP_GRAPH_SIZES = (4, 2, 1)
+"""The decode sizes the CPU builds host step graphs for unless ``compilation.compile_sizes``
+names others: where they were measured faster than the dynamic-shape graph
+(docs/decisions.md, "Host step graphs"); each costs a compilation of the whole model."""
 KVCACHE_SPACE_ENV = "HWPLUG_CPU_KVCACHE_SPACE"
 """Environment variable: the CPU KV-cache space in GiB (a positive number)."""
 MIN_KVCACHE_SPACE = 1 << 20
@@ -101,6 +113,45 @@ class CpuPlatform(VendorPlatform):
     def has_ipex(self) -> bool:
         """Whether intel_extension_for_pytorch is importable (or the profile says so)."""
         return self.has_feature(self.ipex_feature)
+
+    # -- host step graphs ----------------------------------------------------------
+    def step_graph_wrapper_cls(self) -> type | None:
+        """:class:`hwplug.compilation.StepGraphWrapper`: decode steps compiled by
+        Inductor for their static shapes, kernels called from its C++ wrapper."""
+        from hwplug.compilation.step_graphs import StepGraphWrapper
+
+        return StepGraphWrapper
+
+    def step_graph_sizes(self, config: EngineConfig) -> tuple[int, ...]:
+        """Decode batch sizes for host step graphs, largest first.
+
+        None when the model does not compile with Inductor (a level below 2,
+        ``enforce_eager``, another backend) or ``HWPLUG_CPU_STEP_GRAPHS=0``.
+        Otherwise the integer entries of ``compilation.compile_sizes`` when it
+        has any (sizes Inductor specialises for, the reference's meaning),
+        else :data:`DEFAULT_STEP_GRAPH_SIZES`; either way only sizes up to
+        ``scheduler.max_num_seqs`` (a decode batch has no more tokens).
+
+        :raises ConfigError: ``HWPLUG_CPU_STEP_GRAPHS`` is not ``0`` or ``1``.
+        """
+        flag = os.environ.get(STEP_GRAPHS_ENV, "1").strip()
+        if flag not in ("0", "1"):
+            raise ConfigError(
+                f"{STEP_GRAPHS_ENV}={flag!r} is not allowed: 0 (no host step graphs) or 1 "
+                "(the default)"
+            )
+        comp = config.compilation
+        compiles = (comp.level or 0) >= self.min_compiling_level and comp.backend == "inductor"
+        if flag == "0" or not compiles or config.model.enforce_eager:
+            return ()
+        limit = config.scheduler.max_num_seqs
+        given = sorted(
+            {int(n) for n in comp.compile_sizes or [] if isinstance(n, int) and 0 < n <= limit},
+            reverse=True,
+        )
+        if given:
+            return tuple(given)
+        return tuple(n for n in DEFAULT_STEP_GRAPH_SIZES if n <= limit)
 
     # -- KV cache ------------------------------------------------------------------
     def default_block_size(self, config: EngineConfig) -> int:

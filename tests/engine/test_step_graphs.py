@@ -1,0 +1,45 @@
+"""tiny_engine decoding on the CPU platform's host step graphs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from tiny_engine import LLM
+
+from hwplug.platforms.cpu import STEP_GRAPHS_ENV
+from tests.engine.conftest import prompts_of
+
+pytest.importorskip("transformers")
+
+
+@pytest.mark.parametrize("background", ["0", "1"])
+def test_the_engine_decodes_on_step_graphs_with_eager_tokens(
+    llama: Path, background: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    prompts = prompts_of([5, 17, 9])
+    base = {"model": {"dtype": "float32"}, "cache": {"kv_cache_memory_bytes": 8 << 20}}
+    eager_config = {**base, "model": {"dtype": "float32", "enforce_eager": True}}
+    with LLM(llama, config=eager_config, platform="cpu") as eager:
+        expected = eager.generate(prompts, max_tokens=6, ignore_eos=True)
+    monkeypatch.setenv(STEP_GRAPHS_ENV, "1")
+    monkeypatch.setenv("HWPLUG_BACKGROUND_COMPILE", background)
+    config = {**base, "compilation": {"compile_sizes": [2, 1]}}
+    with LLM(llama, config=config, platform="cpu") as llm:
+        assert llm.wait_compiled(timeout=600)
+        assert llm.stats["step_graphs"] == [1, 2]
+        backend = llm.runner.step_graph.backend
+        calls: list[int] = []
+        original = backend.call
+
+        def counting(graph: Any, args: Any, kwargs: Any) -> Any:
+            calls.append(graph.key.num_tokens)
+            return original(graph, args, kwargs)
+
+        monkeypatch.setattr(backend, "call", counting)
+        got = llm.generate(prompts, max_tokens=6, ignore_eos=True)
+        single = llm.generate(prompts[:1], max_tokens=6, ignore_eos=True)
+    assert got == expected and single == expected[:1]
+    # three sequences decode as one batch of 3 (no graph: above 2), the single one on size 1
+    assert calls and set(calls) == {1}
