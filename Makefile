@@ -64,7 +64,7 @@ test: lint typecheck imports $(PLUGINS_STAMP) ## set up, then the linters, the c
 # The native kernels built with AddressSanitizer and UBSan (HWPLUG_NATIVE_SANITIZE=1, a cache
 # key of their own), the compiler's runtimes preloaded: Python is not instrumented, so ASan
 # must come first, and its "leaks" (objects alive at exit) are by design. Any report fails.
-test-sanitize: $(STAMP) ## the kernel and attention tests on native kernels built with ASan and UBSan
+test-sanitize: $(STAMP) ## the kernel, attention and step-graph tests on native kernels built with ASan and UBSan
 	@asan=$$($(CC) -print-file-name=libasan.so); ubsan=$$($(CC) -print-file-name=libubsan.so); \
 	if [ ! -e "$$asan" ] || [ ! -e "$$ubsan" ]; then \
 	  echo "$(CC) has no libasan.so or libubsan.so (set CC to a GCC with its sanitizer runtimes)"; exit 2; \
@@ -74,7 +74,8 @@ test-sanitize: $(STAMP) ## the kernel and attention tests on native kernels buil
 	ASAN_OPTIONS=detect_leaks=0:abort_on_error=1:halt_on_error=1 \
 	UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
 	HWPLUG_NATIVE_SANITIZE=1 CC="$(CC)" \
-	$(BIN)/python -m pytest -q tests/kernels tests/attention -p no:cacheprovider
+	$(BIN)/python -m pytest -q tests/kernels tests/attention \
+	  tests/compilation/test_step_graphs.py tests/engine/test_step_graphs.py -p no:cacheprovider
 
 bench: $(STAMP) ## the benchmarks (JSON)
 	$(BIN)/python benchmarks/run_all.py
