@@ -629,6 +629,7 @@ class Platform:
         sizes = self.step_graph_sizes(config)
         if not sizes:
             return None
+        # lazy: pydantic; resolving the current platform imports neither it nor torch
         from hwplug.core.config import CompilationConfig, CUDAGraphMode
 
         plan = CompilationConfig(cudagraph_mode=CUDAGraphMode.FULL_DECODE_ONLY)

@@ -118,6 +118,7 @@ class CpuPlatform(VendorPlatform):
     def step_graph_wrapper_cls(self) -> type | None:
         """:class:`hwplug.compilation.StepGraphWrapper`: decode steps compiled by
         Inductor for their static shapes, kernels called from its C++ wrapper."""
+        # lazy: the compilation package's import chain stays out of platform discovery
         from hwplug.compilation.step_graphs import StepGraphWrapper
 
         return StepGraphWrapper
