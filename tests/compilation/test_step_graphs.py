@@ -178,22 +178,26 @@ def test_the_cpu_platform_offers_step_graphs_for_small_decode_batches(
     cpu = _cpu()
     assert cpu.step_graph_wrapper_cls() is StepGraphWrapper
     config = _resolved(scheduler={"max_num_seqs": 16})
-    assert cpu.step_graph_sizes(config) == DEFAULT_STEP_GRAPH_SIZES == (4, 2, 1)
-    assert cpu.step_graph_sizes(_resolved(scheduler={"max_num_seqs": 3})) == (2, 1)
+    assert cpu.step_graph_sizes(config) == DEFAULT_STEP_GRAPH_SIZES == (1,)
     # the reference's sizes for Inductor to specialise for win, within max_num_seqs
     sized = _resolved(scheduler={"max_num_seqs": 16}, compilation={"compile_sizes": [8, 1, 64]})
     assert cpu.step_graph_sizes(sized) == (8, 1)
 
-    dispatcher = cpu.step_graph_dispatcher(config)
+    default = cpu.step_graph_dispatcher(config)
+    assert default is not None
+    assert default.dispatch(BatchDescriptor(1, True)) == (FULL, BatchDescriptor(1, True))
+    assert default.dispatch(BatchDescriptor(2, True))[0] is CUDAGraphMode.NONE
+    assert default.capture_keys()[FULL] == (BatchDescriptor(1, True),)
+
+    four = _resolved(scheduler={"max_num_seqs": 16}, compilation={"compile_sizes": [4, 2, 1]})
+    dispatcher = cpu.step_graph_dispatcher(four)
     assert dispatcher is not None
     assert dispatcher.dispatch(BatchDescriptor(3, True)) == (FULL, BatchDescriptor(4, True))
     assert dispatcher.dispatch(BatchDescriptor(1, True)) == (FULL, BatchDescriptor(1, True))
     # prompts and batches above the largest size run on the compiled model
     assert dispatcher.dispatch(BatchDescriptor(3, False))[0] is CUDAGraphMode.NONE
     assert dispatcher.dispatch(BatchDescriptor(5, True))[0] is CUDAGraphMode.NONE
-    assert dispatcher.capture_keys()[FULL] == tuple(
-        BatchDescriptor(n, True) for n in DEFAULT_STEP_GRAPH_SIZES
-    )
+    assert dispatcher.capture_keys()[FULL] == tuple(BatchDescriptor(n, True) for n in (4, 2, 1))
 
 
 @pytest.mark.parametrize(

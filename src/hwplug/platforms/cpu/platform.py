@@ -39,10 +39,11 @@ __all__ = [
 
 STEP_GRAPHS_ENV = "HWPLUG_CPU_STEP_GRAPHS"
 """Environment variable: ``0`` turns the CPU's host step graphs off (default on)."""
-DEFAULT_STEP_GRAPH_SIZES = (4, 2, 1)
+DEFAULT_STEP_GRAPH_SIZES = (1,)
 """The decode sizes the CPU builds host step graphs for unless ``compilation.compile_sizes``
-names others: where they were measured faster than the dynamic-shape graph
-(docs/decisions.md, "Host step graphs"); each costs a compilation of the whole model."""
+names others: one user's step, where host work weighs most and the graph was measured
+faster on every model and dtype (docs/decisions.md, "Host step graphs"). Each size costs a
+compilation of the whole model in the background (30-50 s for a 200M model on 2 cores)."""
 KVCACHE_SPACE_ENV = "HWPLUG_CPU_KVCACHE_SPACE"
 """Environment variable: the CPU KV-cache space in GiB (a positive number)."""
 MIN_KVCACHE_SPACE = 1 << 20
