@@ -106,20 +106,23 @@ def _constant_floats(compiled: Callable[..., Any]) -> Callable[..., Any]:
     return run
 
 
-def _entry_for(model: torch.nn.Module) -> Callable[..., Any]:
+def _entry_for(model: torch.nn.Module | Callable[..., Any]) -> Callable[..., Any]:
     def forward(*args: Any, **kwargs: Any) -> Any:
         return model(*args, **kwargs)  # the module's call: its hooks run too
 
     return forward
 
 
-def _private_forward(model: torch.nn.Module) -> Callable[..., Any]:
+def _private_forward(
+    model: torch.nn.Module | Callable[..., Any], name: str | None = None
+) -> Callable[..., Any]:
     """A function calling ``model`` whose code object is this model's alone (see the
-    module's docstring): Dynamo's graphs for it belong to this model."""
+    module's docstring): Dynamo's graphs for it belong to this model. ``name`` is its
+    qualified name in Dynamo's messages (default: the model's class's ``forward``)."""
     entry = _entry_for(model)
     code = entry.__code__.replace()  # equal, but a distinct object: its own Dynamo cache
     private = types.FunctionType(
         code, entry.__globals__, entry.__name__, entry.__defaults__, entry.__closure__
     )
-    private.__qualname__ = f"{type(model).__qualname__}.forward"
+    private.__qualname__ = name or f"{type(model).__qualname__}.forward"
     return private

@@ -29,10 +29,10 @@ from __future__ import annotations
 
 import logging
 import time
-import types
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from hwplug.compilation.compile import _constant_floats, _private_forward
 from hwplug.core.graphs import BatchDescriptor, GraphWrapper
 
 if TYPE_CHECKING:
@@ -69,21 +69,6 @@ class StepGraph:
 
     def __repr__(self) -> str:
         return f"StepGraph({self.key}, compiled in {self.compile_seconds:.1f} s)"
-
-
-def _private_entry(runnable: Callable[..., Any], key: BatchDescriptor) -> Callable[..., Any]:
-    """A function calling ``runnable`` whose code object belongs to this key alone:
-    Dynamo keeps compiled graphs (and counts recompilations) per code object."""
-
-    def step(*args: Any, **kwargs: Any) -> Any:
-        return runnable(*args, **kwargs)
-
-    code = step.__code__.replace()  # equal, but a distinct object
-    private = types.FunctionType(
-        code, step.__globals__, step.__name__, step.__defaults__, step.__closure__
-    )
-    private.__qualname__ = f"step_graph_{key.num_tokens}{'_decode' if key.uniform_decode else ''}"
-    return private
 
 
 class InductorStepBackend:
@@ -141,18 +126,15 @@ class InductorStepBackend:
         """Compile ``runnable`` for ``args``' static shapes and run it once on them."""
         import torch
 
-        entry = _private_entry(runnable, key)
+        # a code object of this key's own: Dynamo keeps graphs (and counts
+        # recompilations) per code object
+        name = f"step_graph_{key.num_tokens}{'_decode' if key.uniform_decode else ''}"
+        entry = _private_forward(runnable, name)
         compiled = torch.compile(
             entry, backend="inductor", fullgraph=True, dynamic=False, options=self.options
         )
-        config = torch._dynamo.config
-        before = config.specialize_float
         started = time.perf_counter()
-        config.specialize_float = True
-        try:
-            output = compiled(*args, **kwargs)
-        finally:
-            config.specialize_float = before
+        output = _constant_floats(compiled)(*args, **kwargs)
         seconds = time.perf_counter() - started
         self.compiles += 1
         logger.info("compiled the step graph for %s in %.1f s", key, seconds)
