@@ -38,6 +38,7 @@ import hwplug
 from hwplug._version import __version__
 from hwplug.core.errors import ConfigError, PluginError, one_line
 from hwplug.plugins.manager import PluginWarning, get_plugin_manager, select_platform
+from hwplug.plugins.selection import did_you_mean
 
 if TYPE_CHECKING:
     from pydantic import ValidationError
@@ -738,7 +739,7 @@ def _choose_platform(platform: str | None, simulate: str | None) -> Platform | N
             hint = (
                 f" ({name!r} is a device profile: use --simulate {name})"
                 if name.partition(":")[0] in manager.known_profiles()
-                else ""
+                else did_you_mean(name, entries)
             )
             raise CliError(
                 f"--platform: unknown platform {platform!r}{hint}; known platforms: "

@@ -30,6 +30,12 @@ PROCESS_CASES = [
         id="unknown-platform",
     ),
     pytest.param(
+        ["resolve", "--platform", "cdua"],
+        {"HWPLUG_PLUGINS": ""},
+        ["unknown platform 'cdua' (did you mean 'cuda'?)", "known platforms: cpu, cuda"],
+        id="unknown-platform-near-miss",
+    ),
+    pytest.param(
         ["resolve", "--platform", "cuda", "--simulate", "h100"],
         {},
         ["--platform and --simulate are mutually exclusive"],

@@ -282,6 +282,27 @@ def test_explain_and_to_dict() -> None:
     assert set(data["changes"][0]) == {"path", "old", "new", "source", "reason"}
 
 
+def test_explain_never_prints_a_change_as_old_equal_to_new() -> None:
+    """A long list that grows at its end (splitting_ops on a piecewise CUDA config) must
+    not read as the same value before and after: explain() says what was added."""
+    resolution = hwplug.resolve(platform="h100")
+    lines = [line for line in resolution.explain().splitlines() if " -> " in line]
+    assert any("compilation.splitting_ops" in line for line in lines)
+    for line in lines:
+        before, _, after = line.split("  ", 2)[-1].partition(" -> ")
+        assert before.strip() != after.split("  [")[0].strip(), line
+    grown = [
+        c
+        for c in resolution.changes
+        if c.path == "compilation.splitting_ops" and c.old and len(c.new) > len(c.old)
+    ]
+    assert grown, "expected splitting_ops to grow on h100"
+    added = [op for op in grown[0].new if op not in grown[0].old]
+    text = resolution.explain()
+    for op in added:
+        assert f'+"{op}"' in text
+
+
 def test_resolve_rejects_non_configs() -> None:
     with pytest.raises(hwplug.ConfigError, match="expects an EngineConfig"):
         hwplug.resolve({"cache": {}})  # type: ignore[arg-type]

@@ -195,3 +195,10 @@ def test_the_face_uses_the_default_session() -> None:
     assert session is default_session()
     assert hwplug.get_platform() is session.platform
     assert isinstance(session, hwplug.Session)
+
+
+def test_profiles_of_an_unknown_platform_suggests_the_near_miss() -> None:
+    with pytest.raises(
+        hwplug.ConfigError, match=r"unknown platform 'cdua' \(did you mean 'cuda'\?\)"
+    ):
+        hwplug.default_session().profiles_of("cdua")

@@ -124,6 +124,23 @@ def _short(value: Any, limit: int = 60) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
+def _change_text(old: Any, new: Any, limit: int = 60) -> str:
+    """``old -> new`` for a person: each value shortened, unless shortening would make
+    two different values read the same; then a list change says what it added and
+    removed, and any other value is shown whole."""
+    before, after = _short(old, limit), _short(new, limit)
+    if before != after or _jsonable(old) == _jsonable(new):
+        return f"{before} -> {after}"
+    if isinstance(old, list | tuple) and isinstance(new, list | tuple):
+        added = [json.dumps(_jsonable(x)) for x in new if x not in old]
+        removed = [json.dumps(_jsonable(x)) for x in old if x not in new]
+        what = [f"+{x}" for x in added] + [f"-{x}" for x in removed]
+        if not what:
+            what = ["same items, new order"]
+        return f"{len(old)} items -> {len(new)} items ({', '.join(what)})"
+    return f"{json.dumps(_jsonable(old))} -> {json.dumps(_jsonable(new))}"
+
+
 _SECTIONS: dict[type, tuple[str, ...]] = {}
 
 
@@ -434,7 +451,7 @@ class Resolution:
         width = max(len(c.path) for c in self.changes)
         for c in self.changes:
             lines.append(
-                f"  {c.path:<{width}}  {_short(c.old)} -> {_short(c.new)}  [{c.source}] {c.reason}"
+                f"  {c.path:<{width}}  {_change_text(c.old, c.new)}  [{c.source}] {c.reason}"
             )
         return "\n".join(lines)
 

@@ -35,6 +35,7 @@ from hwplug.core import session as core_session
 from hwplug.core.errors import ConfigError
 from hwplug.core.platform import Platform
 from hwplug.plugins.plugin_manager import HwplugPluginManager
+from hwplug.plugins.selection import did_you_mean
 
 if TYPE_CHECKING:
     from hwplug.core.config import EngineConfig
@@ -176,7 +177,8 @@ class Session:
         entry = entries.get(name.strip().lower())
         if entry is None:
             raise ConfigError(
-                f"unknown platform {name!r}; known platforms: {', '.join(sorted(entries))}"
+                f"unknown platform {name!r}{did_you_mean(name.strip().lower(), entries)}; "
+                f"known platforms: {', '.join(sorted(entries))}"
             )
         return tuple(entry.cls.profiles())
 
