@@ -11,6 +11,9 @@ the graph mode to it: the NPU's default ``FULL`` becomes ``FULL_DECODE_ONLY``
 through ACME's own communicator class (:mod:`acme_npu.communicator`).
 """
 
+# docs/vendor-plugin.md shows this file in sections, each from its "[vendor-guide: ...]"
+# line to the next; tests/docs/test_vendor_guide.py keeps the page identical to them.
+# [vendor-guide: imports]
 from __future__ import annotations
 
 import os
@@ -29,6 +32,7 @@ if TYPE_CHECKING:
     from hwplug.core.config import EngineConfig
     from hwplug.core.resolve import ChangeLog
 
+# [vendor-guide: profiles]
 GiB = 1 << 30
 
 _PROFILES = {
@@ -43,6 +47,7 @@ _PROFILES = {
 }
 
 
+# [vendor-guide: backend]
 class AcmeAttentionBackend(TorchAttentionBackend):
     """ACME's attention kernel: graph-capturable for single-token decode batches only.
 
@@ -54,6 +59,7 @@ class AcmeAttentionBackend(TorchAttentionBackend):
     device_types = ("cpu",)
 
 
+# [vendor-guide: platform]
 class NpuPlatform(VendorPlatform):
     """ACME NPU: 32-token blocks, an fp8 (e4m3) cache on N2 and later, whole-model graphs.
 
@@ -119,6 +125,7 @@ class NpuPlatform(VendorPlatform):
         return AcmeGraphWrapper
 
 
+# [vendor-guide: hooks]
 @hwplug.hookimpl
 def hwplug_platforms() -> list[type[Platform]]:
     return [NpuPlatform]
