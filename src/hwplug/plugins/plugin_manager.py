@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import threading
 import warnings
 from collections.abc import Mapping
 
@@ -54,22 +55,41 @@ class HwplugPluginManager(pluggy.PluginManager):
         )
         self.plugin_info: dict[str, PluginInfo] = {}
         self.failures: list[PluginFailure] = []
-        self._platforms: dict[str, PlatformEntry] | None = None
+        self._platforms: tuple[int, dict[str, PlatformEntry]] | None = None
+        self._change_lock = threading.RLock()
         self.generation = 0
-        """Bumped whenever a plugin is registered or unregistered: what was derived
-        from the plugins (such as the attention backend behind a name) may differ."""
+        """Bumped after every registration or unregistration has taken effect: what was
+        derived from the plugins (the platform table, the attention backend behind a
+        name) may differ. A reader that reads it *before* deriving something and keeps
+        the pair never keeps a stale result under the current value: the registering
+        thread, and every thread after it, sees the change at once."""
         if trace if trace is not None else os.environ.get("HWPLUG_TRACE", "") in _TRUE:
             self._enable_trace()
 
     def register(self, plugin: object, name: str | None = None) -> str | None:
-        """pluggy's ``register``, counting the change in :attr:`generation`."""
-        self.generation += 1
-        return super().register(plugin, name)
+        """pluggy's ``register``, then the change counted in :attr:`generation`.
+
+        Changes are serialised: two threads registering at once each see both.
+        """
+        with self._change_lock:
+            try:
+                return super().register(plugin, name)
+            finally:
+                self.generation += 1
 
     def unregister(self, plugin: object | None = None, name: str | None = None) -> object | None:
-        """pluggy's ``unregister``, counting the change in :attr:`generation`."""
-        self.generation += 1
-        return super().unregister(plugin, name)
+        """pluggy's ``unregister`` (its platforms, backends and provenance go with it),
+        then the change counted in :attr:`generation`."""
+        with self._change_lock:
+            try:
+                if name is None and plugin is not None:
+                    name = self.get_name(plugin)
+                removed = super().unregister(plugin, name)
+                if removed is not None and name is not None:
+                    self.plugin_info.pop(name, None)
+                return removed
+            finally:
+                self.generation += 1
 
     # -- tracing --------------------------------------------------------------
     def _enable_trace(self) -> None:
@@ -113,7 +133,8 @@ class HwplugPluginManager(pluggy.PluginManager):
     def describe(self, source: str) -> str:
         """A plugin name or ``platform:<name>`` with its plugin and distribution, for messages."""
         if source.startswith("platform:"):
-            entry = (self._platforms or {}).get(source.partition(":")[2])
+            cached = self._platforms  # the table as last derived: describing derives nothing
+            entry = (cached[1] if cached else {}).get(source.partition(":")[2])
             if entry is not None:
                 return (
                     f"{entry.cls.name!r} (plugin {entry.plugin!r}, "
@@ -137,28 +158,32 @@ class HwplugPluginManager(pluggy.PluginManager):
     ) -> None:
         """Register ``plugin`` under ``name`` and validate it, reporting a failure instead
         of raising (built-ins raise: their failure is a bug)."""
-        if self.has_plugin(name):
-            other = self.distribution_of(name) or "(unknown)"
-            raise PluginError(
-                f"plugin name {name!r} is claimed twice: by distribution {other!r} and by "
-                f"distribution {distribution!r}; uninstall one, or rename its entry point"
-            )
-        try:
-            self.register(plugin, name=name)
-        except Exception as exc:
-            if builtin:
-                raise
-            self.fail(name, distribution, "register", exc)
-            return
-        problem = loading.validate_plugin(self, name, plugin)
-        if problem is not None:
-            self.unregister(name=name)
-            if builtin:
-                raise PluginError(f"built-in plugin {name!r}: {problem}")
-            self.fail(name, distribution, "register", problem)
-            return
-        self.plugin_info[name] = PluginInfo(name, group, distribution, version, value, builtin)
-        self._platforms = None
+        with self._change_lock:
+            if self.has_plugin(name):
+                other = self.distribution_of(name) or "(unknown)"
+                raise PluginError(
+                    f"plugin name {name!r} is claimed twice: by distribution {other!r} and by "
+                    f"distribution {distribution!r}; uninstall one, or rename its entry point"
+                )
+            # Provenance first: a reader deriving the platform table while the plugin is
+            # being registered names its distribution, never "(unregistered)".
+            self.plugin_info[name] = PluginInfo(name, group, distribution, version, value, builtin)
+            try:
+                if self.register(plugin, name=name) is None:  # a blocked name: not registered
+                    self.plugin_info.pop(name, None)
+                    return
+            except Exception as exc:
+                self.plugin_info.pop(name, None)
+                if builtin:
+                    raise
+                self.fail(name, distribution, "register", exc)
+                return
+            problem = loading.validate_plugin(self, name, plugin)
+            if problem is not None:
+                self.unregister(name=name)
+                if builtin:
+                    raise PluginError(f"built-in plugin {name!r}: {problem}")
+                self.fail(name, distribution, "register", problem)
 
     def load_entrypoints(self, env: Mapping[str, str] | None = None) -> None:
         """Load the built-in platforms and every allowed third-party entry point."""
@@ -175,9 +200,13 @@ class HwplugPluginManager(pluggy.PluginManager):
         :raises PluginError: a platform or profile name claimed twice, naming
             both distributions.
         """
-        if self._platforms is None:
-            self._platforms = selection.platform_entries(self)
-        return self._platforms
+        generation = self.generation  # read before deriving: see `generation`
+        cached = self._platforms
+        if cached is not None and cached[0] == generation:
+            return cached[1]
+        entries = selection.platform_entries(self)
+        self._platforms = (generation, entries)
+        return entries
 
     def known_profiles(self) -> dict[str, tuple[str, DeviceInfo]]:
         """Every simulated profile: profile name -> (platform name, device)."""

@@ -83,7 +83,8 @@ class Session:
             )
         self._manager = plugin_manager
         self._fixed = platform
-        self._selection: Selection | None = None
+        self._selection: tuple[int, tuple[tuple[str, type], ...], Selection] | None = None
+        """(plugin generation, platform table, selection) of the last selection."""
         self._lock = threading.RLock()
         self._override: contextvars.ContextVar[tuple[Platform, ...]] = contextvars.ContextVar(
             f"hwplug_session_{id(self):x}_platform", default=()
@@ -130,14 +131,23 @@ class Session:
     # ------------------------------------------------------------------ platforms
     @property
     def selection(self) -> Selection:
-        """The platform selection of this session (made once, on first use)."""
-        selection = self._selection
-        if selection is not None:
-            return selection
+        """The platform selection of this session: made on first use, and made again
+        when the platform table changes (a plugin providing platforms was registered or
+        unregistered); plugins that provide no platform leave it as it is."""
+        manager = self.plugin_manager
+        made = self._selection
+        if made is not None and made[0] == manager.generation:
+            return made[2]
         with self._lock:
-            if self._selection is None:
-                self._selection = self.plugin_manager.select()
-            return self._selection
+            generation = manager.generation  # read before deriving (see its docstring)
+            table = tuple((n, e.cls) for n, e in manager.platform_entries().items())
+            made = self._selection
+            if made is None or made[1] != table:
+                made = (generation, table, manager.select())
+            else:
+                made = (generation, table, made[2])
+            self._selection = made
+            return made[2]
 
     @property
     def platform(self) -> Platform:
