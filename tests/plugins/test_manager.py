@@ -305,7 +305,11 @@ def test_equal_priority_tie_names_both_and_says_how_to_force(tmp_path: Path) -> 
     assert out["error"] == "PluginError"
     assert "'npu1'" in out["message"] and "'npu2'" in out["message"]
     assert "HWPLUG_PLATFORM" in out["message"]
+    # ... and how to settle it for good, not only for one process
+    assert "for good" in out["message"] and "HWPLUG_PLUGINS" in out["message"]
+    assert "priority no other installed platform uses" in out["message"]
     assert info([site], HWPLUG_PLATFORM="npu2")["platform"] == "npu2"
+    assert info([site], HWPLUG_PLUGINS="b")["platform"] == "npu2"
 
 
 def test_current_platform_is_detected_once_under_concurrent_first_use(tmp_path: Path) -> None:

@@ -46,6 +46,7 @@ __all__ = [
 logger = logging.getLogger("hwplug.plugins")
 
 PLATFORM_ENV = "HWPLUG_PLATFORM"
+ALLOW_ENV = "HWPLUG_PLUGINS"
 SIMULATE_ENV = "HWPLUG_SIMULATE"
 
 _STRING_ATTRIBUTES = ("device_type", "dist_backend", "ray_device_key", "device_control_env_var")
@@ -432,8 +433,12 @@ def select(pm: HwplugPluginManager, env: Mapping[str, str] | None = None) -> Sel
     if len(winners) > 1:
         names = " and ".join(f"{c.name!r} ({c.distribution})" for c in winners)
         raise PluginError(
-            f"platforms {names} are both present with priority {best}; set "
-            f"{PLATFORM_ENV} to one of: {', '.join(c.name for c in winners)}"
+            f"platforms {names} are both present with priority {best}, and hwplug will not "
+            f"guess between them; for this process set {PLATFORM_ENV} to one of: "
+            f"{', '.join(c.name for c in winners)}; for good, put {PLATFORM_ENV} (or "
+            f"{ALLOW_ENV} without the other's plugin) in the deployment's environment, "
+            "uninstall one of the distributions, or have a vendor pick a priority no other "
+            "installed platform uses (see 'hwplug plugins' and the vendor guide's Priority)"
         )
     chosen = winners[0]
     also = [c.name for c in present if c is not chosen]
