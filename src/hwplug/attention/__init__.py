@@ -12,6 +12,8 @@
 - :class:`TorchAttentionBackend` (``torch``) and :class:`TritonAttentionBackend`
   (``triton``): the built-in backends;
 - :func:`get_backend` / :func:`available_backends`: look backends up by name;
+  :func:`backends_for`: those that may serve a platform (a backend's
+  ``platforms``; a plugin's backend serves its own distribution's platforms);
 - :func:`unified_attention`: what an engine's attention layer calls; it runs
   through the ``hwplug::unified_attention`` torch custom op, which
   ``torch.compile`` treats as opaque (a splitting op for piecewise compilation).
@@ -22,14 +24,16 @@ Importing this package does not import torch, and neither does
 
 from __future__ import annotations
 
-from hwplug.attention.base import AttentionBackend, PreparedStep, metadata_of
+from hwplug.attention.base import ANY_PLATFORM, AttentionBackend, PreparedStep, metadata_of
 from hwplug.attention.call import AttentionCall
 from hwplug.attention.context import current_step, forward_context
 from hwplug.attention.metadata import AttentionMetadata
 from hwplug.attention.ops import register_unified_attention, unified_attention
 from hwplug.attention.registry import (
     BUILTIN_BACKENDS,
+    BackendTable,
     available_backends,
+    backends_for,
     collect_backends,
     get_backend,
     lookup_backend,
@@ -38,15 +42,18 @@ from hwplug.attention.torch_backend import TorchAttentionBackend, TorchAttention
 from hwplug.attention.triton_backend import TritonAttentionBackend
 
 __all__ = [
+    "ANY_PLATFORM",
     "BUILTIN_BACKENDS",
     "AttentionBackend",
     "AttentionCall",
     "AttentionMetadata",
+    "BackendTable",
     "PreparedStep",
     "TorchAttentionBackend",
     "TorchAttentionStep",
     "TritonAttentionBackend",
     "available_backends",
+    "backends_for",
     "collect_backends",
     "current_step",
     "forward_context",

@@ -31,9 +31,11 @@ if TYPE_CHECKING:
     from hwplug.core.platform import Platform
 
 __all__ = [
+    "ANY_PLATFORM",
     "CACHE_DTYPE_NAMES",
     "AttentionBackend",
     "PreparedStep",
+    "describe_platforms",
     "describe_sizes",
     "metadata_of",
 ]
@@ -63,6 +65,22 @@ def describe_sizes(sizes: Collection[int]) -> str:
     return ", ".join(str(s) for s in sorted(sizes))
 
 
+ANY_PLATFORM = "*"
+"""In :attr:`AttentionBackend.platforms`: every platform."""
+
+
+def describe_platforms(names: Collection[str]) -> str:
+    """``"platform 'npu' only"``, ``"platforms 'npu' and 'vela' only"``, ``"every platform"``."""
+    if ANY_PLATFORM in names:
+        return "every platform"
+    quoted = [repr(n) for n in sorted(names)]
+    if not quoted:
+        return "no platform"
+    if len(quoted) == 1:
+        return f"platform {quoted[0]} only"
+    return f"platforms {', '.join(quoted[:-1])} and {quoted[-1]} only"
+
+
 def _positive_int(name: str, value: object) -> int:
     if isinstance(value, bool) or not isinstance(value, numbers.Integral) or int(value) < 1:
         raise ValueError(f"{name} must be a positive integer; got {value!r}")
@@ -90,6 +108,11 @@ class AttentionBackend:
     of a step share one frozen metadata, checked for the first of them."""
 
     # -- what the backend serves (data read by problem()) --------------------
+    platforms: ClassVar[tuple[str, ...] | None] = None
+    """Names of the platforms it serves (``Platform.name``, such as ``("npu",)``);
+    ``("*",)`` is every platform. None: for a built-in backend, every platform; for a
+    plugin's backend, the platforms its own distribution provides (every platform when
+    it provides none), as the session's backend table decides (:class:`BackendTable`)."""
     device_types: ClassVar[tuple[str, ...] | None] = None
     """torch device types it runs on (``platform.device_type``); None: every one."""
     uses_triton: ClassVar[bool] = False
@@ -118,6 +141,12 @@ class AttentionBackend:
         """
         model, cache = config.model, config.cache
         who = f"the {cls.name} attention backend"
+        scope = cls.platforms
+        if scope is not None and ANY_PLATFORM not in scope and platform.name not in scope:
+            return (
+                f"{who} serves {describe_platforms(scope)}; {platform.describe_device()} is "
+                f"platform {platform.name!r}"
+            )
         if model.use_mla and not cls.supports_mla:
             return (
                 f"model.use_mla=True: {who} does not serve multi-head latent attention (MLA) models"

@@ -9,7 +9,7 @@ import subprocess
 import sys
 from typing import TYPE_CHECKING, Any
 
-from hwplug.attention import available_backends
+from hwplug.attention import available_backends, backends_for
 from hwplug.conformance.base import (
     CheckContext,
     CheckFailed,
@@ -685,9 +685,12 @@ def _empty() -> EngineConfig:
 )
 @_blocked
 def attention_order_agrees(platform: Platform, context: CheckContext) -> None:
-    """``attention_backends(config)`` names only installed backends, and resolution picks
-    the first of them that serves the config."""
-    installed = available_backends(context.the_session())
+    """``attention_backends(config)`` names only installed backends that serve the
+    platform (a backend's ``platforms``; another vendor's backend is not one), and
+    resolution picks the first of them that serves the config."""
+    session = context.the_session()
+    installed = available_backends(session)
+    eligible = backends_for(platform, session)
     problems: list[str] = []
     checked = 0
 
@@ -709,6 +712,13 @@ def attention_order_agrees(platform: Platform, context: CheckContext) -> None:
             raise CheckFailed(
                 f"attention_backends() names {', '.join(map(repr, unknown))}, which no installed "
                 f"plugin provides (installed: {', '.join(sorted(installed))})"
+            )
+        foreign = [name for name in order if name not in eligible]
+        if foreign:
+            raise CheckFailed(
+                f"attention_backends() names {', '.join(map(repr, foreign))}, which do not serve "
+                f"platform {platform.name!r} (their platforms leave it out); backends for it: "
+                f"{', '.join(sorted(eligible))}"
             )
         chosen = result.config.attention.backend
         if chosen is not None and chosen not in order:

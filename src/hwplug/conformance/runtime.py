@@ -11,7 +11,7 @@ import os
 import tempfile
 from typing import TYPE_CHECKING, Any
 
-from hwplug.attention import AttentionMetadata, TritonAttentionBackend, available_backends
+from hwplug.attention import AttentionMetadata, TritonAttentionBackend, backends_for
 from hwplug.conformance.base import (
     CheckContext,
     CheckFailed,
@@ -351,13 +351,16 @@ def attention_matches_reference(platform: Platform, context: CheckContext) -> No
     slot; fp8 within one rounding step)."""
     device = _device(context)
     config = _resolved(platform, context, {})
-    installed = available_backends()
+    installed = backends_for(platform)
     default_dtype = config.model.dtype
     ran: list[str] = []
     for name in platform.attention_backends(config):
         backend = installed.get(name)
         if backend is None:
-            raise CheckFailed(f"attention backend {name!r} is not installed (see R13)")
+            raise CheckFailed(
+                f"attention backend {name!r} is not installed, or does not serve platform "
+                f"{platform.name!r} (see R13)"
+            )
         why = _backend_problem(backend, device)
         head_size, problems = _head_size_for(backend, config, platform)
         if why is None and head_size is None:
@@ -522,7 +525,7 @@ def tiny_checkpoint(platform: Platform, context: CheckContext) -> None:
         model_section["enforce_eager"] = True
     head_size, backend_name = _checkpoint_head_size(platform, context, model_section)
     if backend_name is not None:
-        backend = available_backends().get(backend_name)
+        backend = backends_for(platform).get(backend_name)
         why = None if backend is None else _backend_problem(backend, device)
         if why is not None:
             raise CheckSkipped(f"the {backend_name} attention backend cannot run here: {why}")

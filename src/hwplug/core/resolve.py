@@ -40,7 +40,7 @@ import re
 import types
 import typing
 from collections.abc import Callable, Iterator, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from hwplug.core.config import CompilationLevel, CUDAGraphMode
 from hwplug.core.dtypes import CACHE_DTYPE_FORMATS
@@ -790,6 +790,19 @@ def _step_attention(
         return None  # an explicit backend is kept as given, unchecked and unused
     device = plat.describe_device()
     order = tuple(plat.attention_backends(config))
+
+    def problem_of(backend: str) -> str | None:
+        # A session's backend table (hwplug.attention.BackendTable) also knows which
+        # platforms each backend serves and who provides it; a plain mapping does not.
+        scoped = getattr(backends, "problem", None)
+        if callable(scoped):
+            return cast("str | None", scoped(backend, config, plat))
+        return cast("str | None", backends[backend].problem(config, plat))
+
+    def serves(backend: str) -> bool:
+        scoped = getattr(backends, "serves", None)
+        return bool(scoped(backend, plat)) if callable(scoped) else True
+
     if name is None:
         skipped: list[str] = []
         for candidate in order:
@@ -797,7 +810,7 @@ def _step_attention(
             problem = (
                 f"no attention backend {candidate!r} is installed"
                 if cls is None
-                else cls.problem(config, plat)
+                else problem_of(candidate)
             )
             if problem is None:
                 why = f"first of {plat.name}'s attention order ({', '.join(order)}) that fits"
@@ -821,16 +834,17 @@ def _step_attention(
     who = _who_set(changes, path)
     cls = backends.get(name)
     problem = (
-        f"it is not installed (known backends: {', '.join(sorted(backends))})"
+        f"it is not installed (backends for platform {plat.name!r}: "
+        f"{', '.join(sorted(n for n in backends if serves(n))) or 'none'})"
         if cls is None
-        else cls.problem(config, plat)
+        else problem_of(name)
     )
     if problem is None:
         return cls
     working = [
         n
         for n in (*order, *sorted(set(backends) - set(order)))
-        if n in backends and n != name and backends[n].problem(config, plat) is None
+        if n in backends and n != name and problem_of(n) is None
     ]
     raise ConfigError(
         f"attention.backend={name!r} (set by {who}) cannot run on {device}: {problem}; "

@@ -438,7 +438,8 @@ def select(pm: HwplugPluginManager, env: Mapping[str, str] | None = None) -> Sel
             f"{', '.join(c.name for c in winners)}; for good, put {PLATFORM_ENV} (or "
             f"{ALLOW_ENV} without the other's plugin) in the deployment's environment, "
             "uninstall one of the distributions, or have a vendor pick a priority no other "
-            "installed platform uses (see 'hwplug plugins' and the vendor guide's Priority)"
+            "installed platform uses (see 'hwplug plugins', and 'Choose a priority' in the "
+            "vendor guide)"
         )
     chosen = winners[0]
     also = [c.name for c in present if c is not chosen]

@@ -25,11 +25,16 @@ import contextlib
 import contextvars
 import functools
 import threading
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
-from hwplug.attention.registry import BUILTIN_BACKENDS, collect_backends, lookup_backend
+from hwplug.attention.registry import (
+    BUILTIN_BACKENDS,
+    BackendTable,
+    collect_backends,
+    lookup_backend,
+)
 from hwplug.core import resolve as pipeline
 from hwplug.core import session as core_session
 from hwplug.core.errors import ConfigError
@@ -89,7 +94,7 @@ class Session:
         self._override: contextvars.ContextVar[tuple[Platform, ...]] = contextvars.ContextVar(
             f"hwplug_session_{id(self):x}_platform", default=()
         )
-        self._backends: tuple[object, Mapping[str, type]] | None = None
+        self._backends: tuple[object, BackendTable] | None = None
 
     def __repr__(self) -> str:
         state = "selected" if self._selection is not None else "not selected yet"
@@ -232,9 +237,10 @@ class Session:
         )
 
     # ------------------------------------------------------------------ attention
-    def attention_backends(self) -> Mapping[str, type]:
+    def attention_backends(self) -> BackendTable:
         """Every attention backend class by name: the built-ins plus the plugins'
-        (cached until a plugin is registered or unregistered).
+        (cached until a plugin is registered or unregistered), with who provides each
+        and which platforms each serves (:class:`~hwplug.attention.BackendTable`).
 
         :raises PluginError: a plugin returned something else than backend
             classes, or two backends claim one name (both are named).
@@ -244,7 +250,18 @@ class Session:
         if cached is not None and cached[0] == version:
             return cached[1]
 
-        table = collect_backends(BUILTIN_BACKENDS, self.plugin_manager.attention_backend_results())
+        manager = self.plugin_manager
+        provided: dict[str, set[str]] = {}
+        for name, entry in manager.platform_entries().items():
+            source = manager.distribution_of(entry.plugin) or f"plugin:{entry.plugin}"
+            provided.setdefault(source, set()).add(name)
+
+        def own_platforms(plugin: str, distribution: str) -> set[str]:
+            return provided.get(distribution or f"plugin:{plugin}", set())
+
+        table = collect_backends(
+            BUILTIN_BACKENDS, manager.attention_backend_results(), own_platforms
+        )
         self._backends = (version, table)
         return table
 

@@ -56,6 +56,7 @@ class AcmeAttentionBackend(TorchAttentionBackend):
 
     name = "acme"
     graph_support = AttentionGraphSupport.UNIFORM_SINGLE_TOKEN_DECODE
+    platforms = ("npu",)  # ACME's kernels, for ACME's NPU only (never another vendor's)
     device_types = ("cpu",)
 
 
