@@ -7,6 +7,7 @@ Each test pins one defect found by an adversarial pass over tiny_engine (issue
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import threading
 import time
@@ -14,6 +15,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from tests.engine.conftest import cpu_config, prompts_of
@@ -219,6 +221,95 @@ def test_a_temperature_below_1e_5_is_greedy(sampler: Any, temperature: float) ->
 def test_a_temperature_just_above_1e_5_samples_without_error(sampler: Any) -> None:
     out = sampler.generate(PROMPTS, max_tokens=6, temperature=1.1e-5, seed=3, ignore_eos=True)
     assert [len(o) for o in out] == [6, 6, 6]
+
+
+# -- numpy inputs --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", [np.int64, np.int32, np.uint16])
+def test_numpy_integer_tokens_limits_and_seeds_give_the_tokens_python_ints_give(
+    sampler: Any, dtype: Any
+) -> None:
+    given = [[dtype(t) for t in p] for p in PROMPTS]
+    greedy = sampler.generate(PROMPTS, max_tokens=5, ignore_eos=True)
+    assert sampler.generate(given, max_tokens=dtype(5), ignore_eos=True) == greedy
+    each = sampler.generate(given, max_tokens=[dtype(2), dtype(5), dtype(3)], ignore_eos=True)
+    assert [len(o) for o in each] == [2, 5, 3]
+    kwargs = {"max_tokens": 5, "temperature": 0.5, "ignore_eos": True}
+    sampled = sampler.generate(PROMPTS, seed=7, **kwargs)
+    assert sampler.generate(given, seed=dtype(7), **kwargs) == sampled
+
+
+def test_numpy_arrays_are_prompts_as_lists_are(sampler: Any) -> None:
+    rows = [np.array(p, dtype=np.int64) for p in PROMPTS]
+    limits = np.array([2, 5, 3])
+    assert sampler.generate(rows, max_tokens=limits, ignore_eos=True) == sampler.generate(
+        PROMPTS, max_tokens=[2, 5, 3], ignore_eos=True
+    )
+    same_length = prompts_of([6, 6])
+    assert sampler.generate(
+        np.array(same_length, dtype=np.int32), max_tokens=4, ignore_eos=True
+    ) == sampler.generate(same_length, max_tokens=4, ignore_eos=True)
+
+
+@pytest.mark.parametrize(
+    ("token", "type_name"),
+    [
+        (True, "bool"),
+        (3.0, "float"),
+        ("5", "str"),
+        (None, "NoneType"),
+        (np.float64(5.0), "numpy.float64"),
+        (np.float32(5.0), "numpy.float32"),
+        (np.bool_(True), f"numpy.{type(np.bool_(True)).__qualname__}"),
+        (np.array([5]), "numpy.ndarray"),
+    ],
+)
+def test_a_token_that_is_not_an_integer_is_refused_naming_its_type_and_place(
+    sampler: Any, token: Any, type_name: str
+) -> None:
+    prompts = [PROMPTS[0], [4, 5, token]]
+    expected = (
+        f"prompt 1, position 2: token {token!r} is a {type_name}, not an integer; "
+        "token ids are ints (or numpy integers) 0 .. 255"
+    )
+    with pytest.raises(ValueError, match=f"^{re.escape(expected)}$"):
+        sampler.generate(prompts, max_tokens=2)
+
+
+@pytest.mark.parametrize(
+    ("token", "shown"), [(256, 256), (-1, -1), (np.int64(256), 256), (np.int32(-3), -3)]
+)
+def test_an_integer_outside_the_vocabulary_is_refused_naming_the_range(
+    sampler: Any, token: Any, shown: int
+) -> None:
+    expected = f"prompt 1, position 2: token {shown} is not a token id of this model (0 .. 255)"
+    with pytest.raises(ValueError, match=f"^{re.escape(expected)}$"):
+        sampler.generate([PROMPTS[0], [4, 5, token]], max_tokens=2)
+
+
+@pytest.mark.parametrize("limit", [np.int64(0), np.float64(5.0), np.bool_(True)])
+def test_a_numpy_max_tokens_that_is_not_a_positive_integer_is_refused(
+    sampler: Any, limit: Any
+) -> None:
+    with pytest.raises(ValueError, match=r"^max_tokens must be a positive integer"):
+        sampler.generate(PROMPTS, max_tokens=limit)
+
+
+@pytest.mark.parametrize("seed", [np.float64(1.0), np.bool_(False)])
+def test_a_numpy_seed_that_is_not_an_integer_is_refused(sampler: Any, seed: Any) -> None:
+    with pytest.raises(ValueError, match=r"^seed must be an int or None, got numpy\."):
+        sampler.generate(PROMPTS, max_tokens=2, temperature=0.5, seed=seed)
+
+
+def test_numpy_temperatures_sample_as_python_numbers_do(sampler: Any) -> None:
+    kwargs = {"max_tokens": 5, "seed": 3, "ignore_eos": True}
+    assert sampler.generate(PROMPTS, temperature=np.float32(0.5), **kwargs) == sampler.generate(
+        PROMPTS, temperature=0.5, **kwargs
+    )
+    assert sampler.generate(PROMPTS, temperature=np.int64(0), **kwargs) == sampler.generate(
+        PROMPTS, temperature=0, **kwargs
+    )
 
 
 # -- budgets -------------------------------------------------------------------------------

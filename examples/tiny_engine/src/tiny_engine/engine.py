@@ -316,6 +316,8 @@ class LLM:
         """Generate up to ``max_tokens`` tokens for each prompt (lists of token ids).
 
         ``max_tokens`` is one limit for all, or one per prompt (a serving mix).
+        Token ids, limits and ``seed`` may be numpy integers; a prompt may be a
+        1-D integer array and ``prompts`` a 2-D one.
 
         Greedy at ``temperature`` below 1e-5; otherwise sampled from the softmax
         of the logits divided by ``temperature``, each prompt with its own
@@ -328,13 +330,13 @@ class LLM:
         (a kernel error, ``KeyboardInterrupt``) gives every block its sequences
         held back to the pool and leaves the counters as they were.
 
-        :raises ValueError: an empty prompt, a token outside the vocabulary, a
-            prompt too long for ``model.max_model_len``, a bad ``max_tokens``,
-            ``temperature`` or ``seed``.
+        :raises ValueError: an empty prompt, a token that is no integer or is outside
+            the vocabulary, a prompt too long for ``model.max_model_len``, a bad
+            ``max_tokens``, ``temperature`` or ``seed``.
         :raises RuntimeError: the KV cache or the step budget is too small for
             a sequence to make progress.
         """
-        limits = check_prompts(
+        prompts, limits = check_prompts(
             prompts,
             max_tokens,
             vocab_size=self.spec.vocab_size,

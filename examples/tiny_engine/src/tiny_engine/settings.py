@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import hashlib
 import math
+import numbers
+import operator
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, SupportsIndex
 
 from hwplug import ConfigError
 from hwplug.core.config import EngineConfig, ModelConfig
@@ -33,18 +35,56 @@ GREEDY_BELOW = 1e-5
 the logits by less would only round the softmax to a one-hot vector."""
 
 
+def _as_integer(value: object) -> int | None:
+    """``value`` as an int when it is an integer: a Python int or another library's
+    integer scalar (numpy's ``int64``; anything whose ``__index__`` gives an int),
+    never a bool (Python's or an array's); else None."""
+    if (
+        isinstance(value, bool)
+        or "bool" in str(getattr(value, "dtype", ""))
+        or getattr(value, "ndim", 0) != 0  # an array of one element is no scalar
+        or not isinstance(value, SupportsIndex)
+    ):
+        return None
+    try:
+        return operator.index(value)
+    except TypeError:  # torch's float tensors have an __index__ that refuses
+        return None
+
+
+def _type_name(value: object) -> str:
+    """For messages: ``int``, ``str``, ``numpy.float64``."""
+    kind = type(value)
+    return (
+        kind.__qualname__
+        if kind.__module__ == "builtins"
+        else f"{kind.__module__}.{kind.__qualname__}"
+    )
+
+
+def _is_rows(value: object, ndim: int) -> bool:
+    """Whether ``value`` is a sequence (not text) or an ``ndim``-dimensional array."""
+    if isinstance(value, (str, bytes)):
+        return False
+    return isinstance(value, Sequence) or getattr(value, "ndim", None) == ndim
+
+
 def check_seed(seed: object) -> int | None:
-    """``seed`` as given when it is None or a Python int, else a ``ValueError``."""
-    if seed is None or (isinstance(seed, int) and not isinstance(seed, bool)):
-        return seed
-    raise ValueError(f"seed must be an int or None, got {type(seed).__name__} {seed!r}")
+    """``seed`` as an int (numpy integers too) or None, else a ``ValueError``."""
+    if seed is None:
+        return None
+    value = _as_integer(seed)
+    if value is None:
+        raise ValueError(f"seed must be an int or None, got {_type_name(seed)} {seed!r}")
+    return value
 
 
 def check_temperature(temperature: object) -> float:
-    """``temperature`` as a float when it is a finite number >= 0, else a ``ValueError``."""
-    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)):
+    """``temperature`` as a float when it is a finite number >= 0 (numpy's too), else a
+    ``ValueError``."""
+    if isinstance(temperature, bool) or not isinstance(temperature, numbers.Real):
         raise ValueError(
-            f"temperature must be a finite number >= 0, got {type(temperature).__name__} "
+            f"temperature must be a finite number >= 0, got {_type_name(temperature)} "
             f"{temperature!r}"
         )
     value = float(temperature)
@@ -127,39 +167,58 @@ def check_prompts(
     *,
     vocab_size: int,
     max_model_len: int,
-) -> list[int]:
-    """``max_tokens`` as one limit per prompt, once every prompt is a non-empty list of
-    token ids below ``vocab_size`` that leaves room for a token in ``max_model_len``,
-    and every limit a positive integer; else a ``ValueError`` naming the prompt.
+) -> tuple[list[list[int]], list[int]]:
+    """The prompts as lists of ints and ``max_tokens`` as one limit per prompt, once
+    every prompt is a non-empty list of token ids below ``vocab_size`` that leaves
+    room for a token in ``max_model_len``, and every limit a positive integer; else
+    a ``ValueError`` naming the prompt and position.
+
+    Token ids and limits may be numpy integers (any integer with ``__index__``, not
+    a bool); a prompt may be a 1-D integer array, and the prompts a 2-D one.
 
     Needs only the checkpoint's ``config.json`` (no weights, no torch): the command
     line checks its prompts this way before it loads a model.
     """
-    if isinstance(prompts, (str, bytes)) or not isinstance(prompts, Sequence):
-        raise ValueError("prompts must be a list of token-id lists")
-    limits = [max_tokens] * len(prompts) if isinstance(max_tokens, int) else max_tokens
-    if not isinstance(limits, Sequence) or len(limits) != len(prompts):
+    if not _is_rows(prompts, 2):
+        raise ValueError("prompts must be a list of token-id lists (or a 2-D integer array)")
+    one = _as_integer(max_tokens)
+    each: Any = max_tokens if one is None else [one] * len(prompts)
+    if not _is_rows(each, 1) or len(each) != len(prompts):
         raise ValueError(
             f"max_tokens must be a positive integer or one per prompt, got {max_tokens!r}"
         )
-    for n in limits:
-        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+    limits: list[int] = []
+    for n in each:
+        count = _as_integer(n)
+        if count is None or count < 1:
             raise ValueError(f"max_tokens must be a positive integer, got {n!r}")
+        limits.append(count)
     limit = max_model_len
     vocab = vocab_size
+    checked: list[list[int]] = []
     for i, prompt in enumerate(prompts):
-        if isinstance(prompt, (str, bytes)) or not isinstance(prompt, Sequence):
+        if not _is_rows(prompt, 1):
             raise ValueError(f"prompt {i} must be a list of token ids")
-        if not prompt:
+        if len(prompt) == 0:
             raise ValueError(f"prompt {i} is empty; every prompt needs at least one token")
-        for t in prompt:
-            if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab:
+        ids: list[int] = []
+        for j, t in enumerate(prompt):
+            token = _as_integer(t)
+            if token is None:
                 raise ValueError(
-                    f"prompt {i}: token {t!r} is not a token id of this model (0 .. {vocab - 1})"
+                    f"prompt {i}, position {j}: token {t!r} is a {_type_name(t)}, not an "
+                    f"integer; token ids are ints (or numpy integers) 0 .. {vocab - 1}"
                 )
-        if len(prompt) >= limit:
+            if not 0 <= token < vocab:
+                raise ValueError(
+                    f"prompt {i}, position {j}: token {token} is not a token id of this "
+                    f"model (0 .. {vocab - 1})"
+                )
+            ids.append(token)
+        if len(ids) >= limit:
             raise ValueError(
-                f"prompt {i} has {len(prompt)} tokens; model.max_model_len={limit} leaves "
+                f"prompt {i} has {len(ids)} tokens; model.max_model_len={limit} leaves "
                 f"room for prompts of at most {limit - 1}"
             )
-    return list(limits)
+        checked.append(ids)
+    return checked, limits
