@@ -391,6 +391,69 @@ def test_external_launcher_without_a_launcher_names_the_variables(
     assert "RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT" in str(info.value)
 
 
+_LAUNCHED = {
+    "RANK": "0",
+    "WORLD_SIZE": "2",
+    "LOCAL_RANK": "0",
+    "MASTER_ADDR": "127.0.0.1",
+    "MASTER_PORT": "29500",
+}
+"""What torchrun sets for rank 0 of 2; each case below spoils one variable."""
+
+_ALLOWED = {
+    "MASTER_PORT": "a TCP port, an integer 1 .. 65535",
+    "RANK": "an integer 0 .. 1, below WORLD_SIZE=2",
+    "LOCAL_RANK": "a non-negative integer",
+    "WORLD_SIZE": "a positive integer",
+}
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "problem"),
+    [
+        ("MASTER_PORT", "notaport", "is not an integer"),
+        ("MASTER_PORT", "29500.0", "is not an integer"),
+        ("MASTER_PORT", "0", "is out of range"),
+        ("MASTER_PORT", "65536", "is out of range"),
+        ("RANK", "first", "is not an integer"),
+        ("RANK", "-1", "is out of range"),
+        ("RANK", "2", "is out of range"),
+        ("LOCAL_RANK", "gpu0", "is not an integer"),
+        ("LOCAL_RANK", "-1", "is out of range"),
+        ("WORLD_SIZE", "two", "is not an integer"),
+        ("WORLD_SIZE", "0", "is out of range"),
+    ],
+)
+def test_a_bad_launcher_variable_is_a_config_error_naming_it_its_value_and_the_range(
+    qwen2: Path, monkeypatch: pytest.MonkeyPatch, name: str, value: str, problem: str
+) -> None:
+    from tiny_engine import LLM
+
+    from hwplug import ConfigError
+
+    for key, set_to in {**_LAUNCHED, name: value}.items():
+        monkeypatch.setenv(key, set_to)
+    with pytest.raises(ConfigError) as info:
+        LLM(qwen2, config=_config(2, "external_launcher"))
+    assert str(info.value) == (
+        f"{name}={value!r} {problem}; {name} must be {_ALLOWED[name]} (set by the launcher "
+        "for parallel.distributed_executor_backend='external_launcher')"
+    )
+
+
+def test_a_launcher_world_other_than_the_engines_is_a_config_error(
+    qwen2: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tiny_engine import LLM
+
+    from hwplug import ConfigError
+
+    for key, value in {**_LAUNCHED, "WORLD_SIZE": "4", "RANK": "3"}.items():
+        monkeypatch.setenv(key, value)
+    with pytest.raises(ConfigError, match=r"^the launcher started WORLD_SIZE=4 ranks, but "):
+        LLM(qwen2, config=_config(2, "external_launcher"))
+
+
 def test_spawned_ranks_of_a_device_platform_each_see_their_own_device(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

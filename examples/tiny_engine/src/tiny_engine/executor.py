@@ -102,27 +102,51 @@ class ExternalLauncherExecutor(UniExecutor):
 
 
 def _launcher_environment(world_size: int) -> dict[str, int]:
+    """``rank``, ``world`` and ``local_rank`` as the launcher set them, once every variable
+    a rank reads is set and in range (``MASTER_PORT`` too: torch reads it later).
+
+    :raises ConfigError: a variable unset, not an integer or out of its range (named
+        with its value and what is allowed), or ``WORLD_SIZE`` other than
+        ``parallel.world_size``.
+    """
     names = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
-    missing = [n for n in names if not os.environ.get(n)]
+    missing = [n for n in names if not os.environ.get(n, "").strip()]
     if missing:
         raise ConfigError(
             "parallel.distributed_executor_backend='external_launcher' runs under a launcher "
             f"such as torchrun, which sets {', '.join(names)}; {', '.join(missing)} "
             "is not set (run: torchrun --nproc-per-node N -m tiny_engine ...)"
         )
-    values: dict[str, int] = {}
-    for key, name in (("rank", "RANK"), ("world", "WORLD_SIZE"), ("local_rank", "LOCAL_RANK")):
-        try:
-            values[key] = int(os.environ[name])
-        except ValueError:
-            raise ConfigError(f"{name}={os.environ[name]!r} is not an integer") from None
-    if values["world"] != world_size:
+    world = _launcher_integer("WORLD_SIZE", 1, None, "a positive integer")
+    if world != world_size:
         raise ConfigError(
-            f"the launcher started WORLD_SIZE={values['world']} ranks, but "
+            f"the launcher started WORLD_SIZE={world} ranks, but "
             f"parallel.world_size is {world_size} (tensor_parallel_size); start as many "
             "ranks as the engine has"
         )
-    return values
+    rank = _launcher_integer(
+        "RANK", 0, world - 1, f"an integer 0 .. {world - 1}, below WORLD_SIZE={world}"
+    )
+    local_rank = _launcher_integer("LOCAL_RANK", 0, None, "a non-negative integer")
+    _launcher_integer("MASTER_PORT", 1, 65535, "a TCP port, an integer 1 .. 65535")
+    return {"rank": rank, "world": world, "local_rank": local_rank}
+
+
+def _launcher_integer(name: str, lowest: int, highest: int | None, allowed: str) -> int:
+    """Environment variable ``name`` as an int in ``[lowest, highest]``, else a
+    ``ConfigError`` naming it, its value and what is ``allowed``."""
+    raw = os.environ[name]
+    try:
+        value: int | None = int(raw)
+    except ValueError:
+        value = None
+    if value is None or value < lowest or (highest is not None and value > highest):
+        problem = "is not an integer" if value is None else "is out of range"
+        raise ConfigError(
+            f"{name}={raw!r} {problem}; {name} must be {allowed} (set by the launcher "
+            "for parallel.distributed_executor_backend='external_launcher')"
+        )
+    return value
 
 
 # -- mp ------------------------------------------------------------------------------------
