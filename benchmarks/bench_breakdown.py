@@ -10,7 +10,7 @@ input preparation, and the runner's whole step. What is outside the step is
 the scheduler and sampling. JSON on stdout, seconds.
 
 ``python benchmarks/bench_breakdown.py [--model bench|llama250m] [--workload
-fixed|mix] [--dtype fp32|bf16] [--cache /tmp/hwplug-peers/models]``
+fixed|mix|single] [--dtype fp32|bf16] [--cache /tmp/hwplug-peers/models]``
 """
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ def _time_calls(seconds: dict[str, float]) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="bench", choices=sorted(bench_peers.MODELS))
-    parser.add_argument("--workload", default="fixed", choices=["fixed", "mix"])
+    parser.add_argument("--workload", default="fixed", choices=["fixed", "mix", "single"])
     parser.add_argument("--dtype", default="fp32", choices=sorted(bench_peers.DTYPES))
     parser.add_argument("--cache", type=Path, default=Path("/tmp/hwplug-peers/models"))
     args = parser.parse_args(argv)

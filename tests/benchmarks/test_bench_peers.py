@@ -390,3 +390,24 @@ def test_a_peer_whose_install_failed_or_is_missing_is_skipped_with_the_reason(
             {},
             "pip install llama-cpp-python failed: x",
         )
+
+
+def test_bench_linear_row_reports_each_path_beside_the_streaming_read() -> None:
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_linear_row.py"
+    done = subprocess.run(
+        [sys.executable, str(script), "--hidden", "64", "--intermediate", "96", "--layers", "1",
+         "--rounds", "1", "--stream-bytes", str(1 << 20)],
+        capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert report["stream_read_gb_per_s"] > 0
+    for dtype in ("bf16", "fp32"):
+        rates = report[dtype]["gb_per_s"]
+        assert {"onednn", "torch"} <= set(rates) and all(r > 0 for r in rates.values())
+        assert report[dtype]["over_torch"]["torch"] == 1.0

@@ -1,4 +1,5 @@
-"""The native linear kernel's bfloat16 paths: AMX tiles and AVX-512 BF16 dot products.
+"""The native linear kernel's bfloat16 paths: AMX tiles, AVX-512 BF16 dot products and
+the one-row tiles of the vector path.
 
 Where the CPU has AMX-BF16 (and the OS lets the process use it) bfloat16
 inputs times bfloat16 weights whose in features are a multiple of 32 and out
@@ -167,6 +168,77 @@ def test_the_native_backend_takes_bfloat16_up_to_32_rows_and_oneDNN_beyond(
     assert float((got.double() - want).abs().max()) <= 2**-7 * float(want.abs().max())
     if rows <= 32:
         assert torch.equal(got, native_linear(x, w, b).to(torch.bfloat16))
+
+
+# -- one bfloat16 row: the vector path's one-row tiles ("row") -------------------------------
+
+needs_row = pytest.mark.skipif(
+    not _RUNS
+    or cpu_linear.pairs_path(torch.ones(1, 32).bfloat16(), torch.ones(16, 32).bfloat16()) != "row",
+    reason="one bfloat16 row takes another path here (AMX, AVX-512 BF16, or no one-row tiles)",
+)
+
+
+@needs_row
+@settings(max_examples=80, deadline=None)
+@given(
+    k=st.integers(0, 300),  # steps of 16 (32 with AVX-512) and a tail
+    n=st.integers(1, 60),  # tiles of 12 rows of the weight, and the rest by the tile path
+    threads=st.sampled_from([1, 2, 3]),
+    **_PADS,
+)
+def test_one_row_gives_the_float64_product(
+    k: int, n: int, threads: int, bias: bool, x_pad: int, w_pad: int, seed: int
+) -> None:
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        _check_product(1, k, n, bias, x_pad, w_pad, seed)
+    finally:
+        torch.set_num_threads(previous)
+
+
+@needs_row
+@pytest.mark.parametrize(("n", "k"), [(12, 4096), (13, 4097), (25, 9000)])
+def test_one_row_with_long_rows_gives_the_float64_product(n: int, k: int) -> None:
+    """In features past what the kernel keeps on its stack take a buffer of their own."""
+    _check_product(1, k, n, True, 1, 3, n)
+
+
+@needs_row
+@pytest.mark.parametrize(("n", "k"), [(24, 48), (29, 37)])
+def test_one_row_propagates_special_values_and_rounds_as_torch(n: int, k: int) -> None:
+    x = torch.ones(1, k, dtype=torch.bfloat16)
+    w = torch.ones(n, k, dtype=torch.bfloat16)
+    w[5, k - 4] = float("inf")
+    w[n - 1, 2] = float("nan")  # in the part the tile path takes when n % 12 != 0
+    got = native_linear(x, w)
+    assert torch.isinf(got[0, 5]) and torch.isnan(got[0, n - 1])
+    got[0, 5] = got[0, n - 1] = float(k)
+    assert torch.equal(got, torch.full((1, n), float(k)))
+    ties = [1 + 2**-8, 1 + 3 * 2**-8, -(1 + 2**-8), 3.4e38, float("inf"), float("nan"), -0.0]
+    bias = torch.tensor(ties + [0.1 * i for i in range(n - len(ties))], dtype=torch.float32)
+    x = torch.zeros(1, k, dtype=torch.bfloat16)
+    x[0, 1] = 0.25
+    w = w.nan_to_num(0.0, 0.0, 0.0)
+    got = cpu_linear.run(x, w, bias, dtype=torch.bfloat16)
+    want = cpu_linear.run(x.float(), w, bias).to(torch.bfloat16)  # the float32 door, rounded
+    assert got.dtype == torch.bfloat16
+    assert torch.equal(got.isnan(), want.isnan())
+    assert torch.equal(got[~want.isnan()].view(torch.int16), want[~want.isnan()].view(torch.int16))
+
+
+@needs_row
+def test_one_row_is_what_the_engine_step_and_the_float32_door_give() -> None:
+    """The engine's door (``linear(backend="native")``, bfloat16 in and out, one row) and
+    the float32 door of the same kernel agree bit for bit after rounding."""
+    gen = torch.Generator().manual_seed(5)
+    x = torch.randn(1, 1000, generator=gen).bfloat16()
+    w = torch.randn(250, 1000, generator=gen).bfloat16()
+    b = torch.randn(250, generator=gen).bfloat16()
+    got = linear(x, w, b, backend="native")
+    assert got.dtype == torch.bfloat16
+    assert torch.equal(got, native_linear(x.float(), w, b.float()).to(torch.bfloat16))
 
 
 _NO_AMX_PROBE = """

@@ -85,11 +85,13 @@ def _declared(lib: ctypes.CDLL) -> ctypes.CDLL | str:
         linear = lib.hwplug_linear
         amx = lib.hwplug_linear_amx
         dpbf16 = lib.hwplug_linear_dpbf16
+        row = lib.hwplug_linear_row_bf16
         decode = lib.hwplug_paged_decode
         ready = (
             lib.hwplug_linear_simd,
             lib.hwplug_linear_amx_ready,
             lib.hwplug_linear_dpbf16_ready,
+            lib.hwplug_linear_row_bf16_ready,
         )
     except AttributeError as error:
         return f"the native library lacks a kernel: {error}"
@@ -99,7 +101,7 @@ def _declared(lib: ctypes.CDLL) -> ctypes.CDLL | str:
         ptr, i32, i64, i64,  # weight, its kind, out features, its row stride
         ptr, ptr, i64, i32,  # bias, out, out's row stride, threads
     ]  # fmt: skip
-    for pairs in (amx, dpbf16):
+    for pairs in (amx, dpbf16, row):
         pairs.restype = i32
         pairs.argtypes = [
             ptr, i64, i64, i64,  # x (bfloat16), rows, in features, x's row stride
@@ -134,9 +136,12 @@ class Capabilities:
     """bfloat16 products on AMX tiles (built for AMX-BF16 and allowed by the OS)."""
     dpbf16: bool
     """bfloat16 products on AVX-512 BF16 dot products."""
+    row_bf16: bool = False
+    """One bfloat16 row by a bfloat16 weight on the vector path's one-row tiles
+    (``hwplug_linear_row_bf16``: AVX2, or AVX-512 with AVX-512BW)."""
 
 
-_NONE = Capabilities(0, False, False)
+_NONE = Capabilities(0, False, False, False)
 
 
 def capabilities(lib: ctypes.CDLL | str | None = None) -> Capabilities:
@@ -159,6 +164,7 @@ def _capabilities(lib: ctypes.CDLL) -> Capabilities:
         lanes if lanes in (8, 16) else 0,
         bool(lib.hwplug_linear_amx_ready()),
         bool(lib.hwplug_linear_dpbf16_ready()),
+        bool(lib.hwplug_linear_row_bf16_ready()),
     )
 
 
@@ -187,8 +193,9 @@ def linear(
     *,
     pairs: str | None,
 ) -> None:
-    """``out = x @ weight.T + bias`` on the kernel of ``pairs`` (``"amx"``, ``"dpbf16"``:
-    bfloat16 ``x``, ``weight`` and a float32 or bfloat16 ``out``) or the vector path
+    """``out = x @ weight.T + bias`` on the kernel of ``pairs`` (``"amx"``, ``"dpbf16"``,
+    ``"row"`` for one row: bfloat16 ``x``, ``weight`` and a float32 or bfloat16 ``out``)
+    or the vector path
     (None: float32 ``out``); every size at least 1. ``weight`` has its last dimension
     contiguous; ``bias`` is float32 ``[out_features]`` or None; ``out`` is
     ``[rows, out_features]`` with its last dimension contiguous and rows apart. ``x`` is
@@ -204,7 +211,11 @@ def linear(
     threads = torch.get_num_threads()
     if pairs is not None:
         x = x if x.stride(1) == 1 else x.contiguous()
-        function = lib.hwplug_linear_amx if pairs == "amx" else lib.hwplug_linear_dpbf16
+        function = {
+            "amx": lib.hwplug_linear_amx,
+            "dpbf16": lib.hwplug_linear_dpbf16,
+            "row": lib.hwplug_linear_row_bf16,
+        }[pairs]
         status = function(
             x.data_ptr(), rows, inputs, x.stride(0),
             weight.data_ptr(), features, weight.stride(0),
@@ -223,7 +234,7 @@ def linear(
     if status == 0:
         return
     name = function.__name__
-    if status == 1 and pairs == "amx":
+    if status == 1 and pairs in ("amx", "row"):
         raise MemoryError(f"the native linear kernel ({name}) could not allocate its buffer")
     if status == 3:
         raise KernelArgumentError(

@@ -106,13 +106,18 @@ def pairs_path(x: torch.Tensor, weight: torch.Tensor) -> str | None:
     """The path that multiplies this product's bfloat16 pairs, or None (the vector path
     takes it): ``"amx"`` for a bfloat16 ``x`` and weight whose in features are a multiple
     of 32 and out features of 16 on a CPU where AMX runs, else ``"dpbf16"`` for a
-    bfloat16 ``x`` and weight on a CPU with AVX-512 BF16."""
+    bfloat16 ``x`` and weight on a CPU with AVX-512 BF16, else ``"row"`` for one
+    bfloat16 row (a decoding step of one sequence) where the vector path has its
+    one-row tiles: x widened once in the kernel, the result written in bfloat16 there,
+    no conversion op on either side."""
     if x.dtype != torch.bfloat16 or weight.dtype != torch.bfloat16:
         return None
     can = bindings.loaded_capabilities()  # (callers have read the kill switch)
     if weight.shape[1] % 32 == 0 and weight.shape[0] % 16 == 0 and can.amx:
         return "amx"
-    return "dpbf16" if can.dpbf16 else None
+    if can.dpbf16:
+        return "dpbf16"
+    return "row" if can.row_bf16 and x.shape[0] == 1 else None
 
 
 def native_linear_lanes() -> int:

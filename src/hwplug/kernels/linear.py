@@ -121,7 +121,7 @@ AMX Xeon we measured, about level from 64 rows on some shapes)."""
 _NATIVE_DPBF16_ROWS = 32
 """Rows of bfloat16 the kernel's AVX-512 BF16 path takes (on a Zen 4, weights read from
 memory: 0.9-2.4x oneDNN at 1-16 rows, most over 1.3x; 1.07-1.5x at 32; behind from 64)."""
-_PAIRS_ROWS = {"amx": _NATIVE_AMX_ROWS, "dpbf16": _NATIVE_DPBF16_ROWS}
+_PAIRS_ROWS = {"amx": _NATIVE_AMX_ROWS, "dpbf16": _NATIVE_DPBF16_ROWS, "row": 1}
 
 
 def native_linear_rows(dtype: torch.dtype) -> int:

@@ -1,0 +1,121 @@
+#!/usr/bin/env python
+"""How fast one row (a decoding step of one sequence) streams a model's weights.
+
+Every linear of a decoder's layers, for ``--layers`` layers (so the weights
+come from memory, not the cache), one row at a time: hwplug's native kernel
+through the engine's door (``linear(backend="native")``: for bfloat16 on an
+AVX2 CPU, the one-row tiles), the same kernel called straight through ctypes
+(what the door costs), oneDNN (``backend="onednn"``) and torch's
+``nn.functional.linear``; beside the machine's streaming read (torch summing a
+1 GiB buffer). Paths are interleaved, best of ``--rounds`` sweeps. Prints JSON:
+GB/s of weights read (1e9 bytes) and each path's rate over torch's.
+
+``PYTHONPATH=src python benchmarks/bench_linear_row.py [--dtype bf16|fp32|both]
+[--hidden 1024 --intermediate 4096 --layers 12]`` (the shapes of
+``bench_peers.py``'s 250M model).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_peers import stream_read_gb_per_s  # (beside this file)
+
+
+def _shapes(hidden: int, intermediate: int) -> list[tuple[int, int]]:
+    """[out, in] features of one layer's linears: q/k/v fused, o, gate/up fused, down."""
+    return [
+        (3 * hidden, hidden),
+        (hidden, hidden),
+        (2 * intermediate, hidden),
+        (hidden, intermediate),
+    ]
+
+
+def _sweep(dtype_name: str, args: argparse.Namespace) -> dict[str, Any]:
+    import torch
+
+    from hwplug.kernels import bindings, cpu_linear
+    from hwplug.kernels.linear import linear
+
+    dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[dtype_name]
+    gen = torch.Generator().manual_seed(0)
+    layers = [
+        [
+            torch.randn(n, k, generator=gen).to(dtype)
+            for n, k in _shapes(args.hidden, args.intermediate)
+        ]
+        for _ in range(args.layers)
+    ]
+    rows = {k: torch.randn(1, k, generator=gen).to(dtype) for k in (args.hidden, args.intermediate)}
+    weight_bytes = sum(w.numel() * w.element_size() for layer in layers for w in layer)
+    paths: dict[str, Any] = {
+        "native": lambda x, w: linear(x, w, backend="native"),
+        "onednn": lambda x, w: linear(x, w, backend="onednn"),
+        "torch": lambda x, w: torch.nn.functional.linear(x, w),
+    }
+    if cpu_linear.native_linear_unavailable_reason() is None:
+        x0, w0 = rows[args.hidden], layers[0][1]
+        pairs = cpu_linear.pairs_path(x0, w0)
+
+        def direct(x: torch.Tensor, w: torch.Tensor) -> None:
+            out = torch.empty((1, w.shape[0]), dtype=dtype if pairs else torch.float32)
+            bindings.linear(x if pairs else x.float(), w, None, out, pairs=pairs)
+
+        paths["native_direct"] = direct
+    else:
+        pairs = None
+        del paths["native"]
+    best = dict.fromkeys(paths, float("inf"))
+    with torch.inference_mode():
+        for _ in range(args.rounds):
+            for name, call in paths.items():
+                start = time.perf_counter()
+                for layer in layers:
+                    for w in layer:
+                        call(rows[w.shape[1]], w)
+                best[name] = min(best[name], time.perf_counter() - start)
+    rates = {name: weight_bytes / seconds / 1e9 for name, seconds in best.items()}
+    return {
+        "weight_bytes": weight_bytes,
+        "native_path": pairs or ("vector" if "native" in paths else None),
+        "gb_per_s": {name: round(rate, 2) for name, rate in rates.items()},
+        "over_torch": {name: round(rate / rates["torch"], 2) for name, rate in rates.items()},
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--dtype", default="both", choices=["bf16", "fp32", "both"])
+    parser.add_argument("--hidden", type=int, default=1024)
+    parser.add_argument("--intermediate", type=int, default=4096)
+    parser.add_argument("--layers", type=int, default=12)
+    parser.add_argument("--rounds", type=int, default=9)
+    parser.add_argument("--threads", type=int, default=0, help="torch threads (0: its default)")
+    parser.add_argument("--stream-bytes", type=int, default=1 << 30, help="streaming read buffer")
+    args = parser.parse_args(argv)
+    import torch
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    dtypes = ["bf16", "fp32"] if args.dtype == "both" else [args.dtype]
+    report: dict[str, Any] = {
+        "threads": torch.get_num_threads(),
+        "shapes": _shapes(args.hidden, args.intermediate),
+        "layers": args.layers,
+        "stream_read_gb_per_s": stream_read_gb_per_s(args.threads or None, args.stream_bytes),
+    }
+    for name in dtypes:
+        report[name] = _sweep(name, args)
+    print(json.dumps(report, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
