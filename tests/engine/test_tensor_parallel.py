@@ -8,6 +8,7 @@ no process is left behind.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -260,8 +261,28 @@ def test_the_docs_ray_cluster_recipe_works_when_the_host_has_a_ray_token(
         last = result.stderr.strip().splitlines()[-1]
         assert "token authentication" in last and "RAY_AUTH_MODE=token" in last, last
     finally:
-        subprocess.run([str(ray_cli), "stop", "--force"], env=env, capture_output=True, timeout=120)
+        # Only this cluster's processes (their command lines name its temp dir): `ray stop`
+        # would stop every Ray cluster of the machine, the module's `local_ray` one too.
+        _stop_processes_naming(ray_temp)
         shutil.rmtree(ray_temp, ignore_errors=True)
+
+
+def _stop_processes_naming(text: str, timeout: float = 30.0) -> None:
+    """Terminate (then kill) every process whose command line contains ``text``."""
+    import psutil
+
+    found = []
+    for process in psutil.process_iter(["cmdline"]):
+        try:
+            if any(text in part for part in process.info["cmdline"] or ()):
+                process.terminate()
+                found.append(process)
+        except psutil.Error:
+            continue
+    _, alive = psutil.wait_procs(found, timeout=timeout)
+    for process in alive:
+        with contextlib.suppress(psutil.Error):
+            process.kill()
 
 
 RANK_SCRIPT = textwrap.dedent(
