@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import socket
 import subprocess
 import sys
@@ -65,6 +66,34 @@ def test_bad_arguments_are_value_errors(
 ) -> None:
     with pytest.raises(ValueError, match=message):
         CpuPlatform.simulate("cpu-generic").init_distributed(*args, **kwargs)
+
+
+@pytest.mark.parametrize(
+    ("init_method", "env", "message"),
+    [
+        ("env://", {"MASTER_PORT": "29500"}, "reads MASTER_ADDR, which is not set"),
+        ("env://", {"MASTER_ADDR": "127.0.0.1"}, "reads MASTER_PORT, which is not set"),
+        (
+            "env://",
+            {"MASTER_ADDR": "h", "MASTER_PORT": "notaport"},
+            "MASTER_PORT='notaport' is not an integer; it must be a TCP port, an integer 1 .. 65535",
+        ),
+        ("env://", {"MASTER_ADDR": "h", "MASTER_PORT": "70000"}, "MASTER_PORT='70000' is out of"),
+        ("tcp://:29500", {}, "names no host: use tcp://<host>:<port>"),
+        ("tcp://h:port", {}, "its port='port' is not an integer"),
+        ("tcp://h:0", {}, "its port='0' is out of range"),
+    ],
+)
+def test_a_bad_rendezvous_is_named_before_torch_sees_it(
+    init_method: str, env: dict[str, str], message: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name in ("MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    host = CpuPlatform(tuple(CpuPlatform.detect()))  # a real one: a simulated one is refused first
+    with pytest.raises(ValueError, match=re.escape(message)):
+        host.init_distributed(0, 1, init_method=init_method)
 
 
 def test_a_communicator_class_that_is_not_one_is_a_plugin_error() -> None:

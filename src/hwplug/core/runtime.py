@@ -19,6 +19,8 @@ lazily.
 
 from __future__ import annotations
 
+import os
+from collections.abc import Mapping
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -264,7 +266,9 @@ class DeviceRuntime:
         ``tcp://host:port`` names them). Called again with the same arguments it
         returns the same group.
 
-        :raises ValueError: a rank outside ``[0, world_size)``, or a bad argument.
+        :raises ValueError: a rank outside ``[0, world_size)``, a bad argument, or a
+            rendezvous address or port that is missing or malformed (``MASTER_ADDR``
+            and ``MASTER_PORT`` for ``env://``; the URL's for ``tcp://``), named.
         :raises RuntimeError: the platform is simulated or has no collective
             backend, or the process already joined with other arguments (both
             are named).
@@ -287,6 +291,9 @@ class DeviceRuntime:
                 f"the {plat.name} platform names no torch.distributed backend (dist_backend); "
                 "it cannot join a process group"
             )
+        problem = rendezvous_problem(init_method, os.environ)
+        if problem is not None:
+            raise ValueError(problem)
         self.bind_device(local)
         setup = distributed.DistributedSetup(
             plat.dist_backend, rank, world_size, local, init_method, timeout
@@ -314,3 +321,44 @@ class DeviceRuntime:
                 "subclass of hwplug.core.distributed.DeviceCommunicator"
             )
         return cls(group)
+
+
+def rendezvous_problem(init_method: str, environ: Mapping[str, str]) -> str | None:
+    """What is wrong with the rendezvous ``init_method`` names, or None: for ``env://``,
+    ``MASTER_ADDR`` and ``MASTER_PORT`` in ``environ`` (set, and a port 1 .. 65535); for
+    ``tcp://host:port``, the URL's host and port. Other schemes (``file://``) are torch's
+    to check."""
+    if init_method.startswith("env://"):
+        address = environ.get("MASTER_ADDR", "").strip()
+        if not address:
+            return (
+                "init_method='env://' reads MASTER_ADDR, which is not set: set it to the "
+                "address of rank 0's host (127.0.0.1 on one machine)"
+            )
+        return _port_problem("MASTER_PORT", environ.get("MASTER_PORT"), "init_method='env://'")
+    if init_method.startswith("tcp://"):
+        from urllib.parse import urlsplit
+
+        netloc = urlsplit(init_method).netloc
+        host, _, port = netloc.rpartition(":")
+        if not host:
+            return (
+                f"init_method={init_method!r} names no host: use tcp://<host>:<port>, as in "
+                "tcp://127.0.0.1:29500"
+            )
+        return _port_problem("its port", port, f"init_method={init_method!r}")
+    return None
+
+
+def _port_problem(name: str, value: str | None, where: str) -> str | None:
+    text = (value or "").strip()
+    allowed = "a TCP port, an integer 1 .. 65535"
+    if not text:
+        return f"{where} reads {name}, which is not set: set it to {allowed}"
+    try:
+        port = int(text)
+    except ValueError:
+        return f"{where}: {name}={text!r} is not an integer; it must be {allowed}"
+    if not 1 <= port <= 65535:
+        return f"{where}: {name}={text!r} is out of range; it must be {allowed}"
+    return None
