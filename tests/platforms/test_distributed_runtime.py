@@ -168,26 +168,27 @@ RANK_SCRIPT = textwrap.dedent(
 )
 
 
-@pytest.mark.slow
-def test_two_cpu_ranks_run_every_collective_over_gloo() -> None:
-    for _attempt in range(3):  # a lost rendezvous on a loaded machine: try again
+def _run_ranks(script: str, world: int, timeout: float = 180) -> list[dict[str, Any]]:
+    """Run ``script`` as ranks 0 .. world - 1 (argv: rank, port) and return each rank's
+    last line of output as JSON; a lost rendezvous on a loaded machine is tried again."""
+    for _attempt in range(3):
         port = _free_port()
         procs = [
             subprocess.Popen(
-                [sys.executable, "-c", RANK_SCRIPT, str(rank), str(port)],
+                [sys.executable, "-c", script, str(rank), str(port)],
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
                 text=True,
             )
-            for rank in range(2)
+            for rank in range(world)
         ]
         results = []
         try:
-            # rank 1 first: rank 0 hosts the TCP store and leaves after every client has
-            # (gloo's threads torn down under a connected client can abort at exit)
+            # the others first: rank 0 hosts the TCP store and leaves after every client
+            # has (gloo's threads torn down under a connected client can abort at exit)
             for proc in reversed(procs):
-                out, err = proc.communicate(timeout=120)
+                out, err = proc.communicate(timeout=timeout)
                 results.insert(0, (proc.returncode, out, err))
         finally:
             for proc in procs:
@@ -196,8 +197,13 @@ def test_two_cpu_ranks_run_every_collective_over_gloo() -> None:
                     proc.wait()
         if all(code == 0 for code, _, _ in results):
             break
-    assert all(code == 0 for code, _, _ in results), [err for _, _, err in results]
-    ranks = [json.loads(out.strip().splitlines()[-1]) for _, out, _ in results]
+    assert all(code == 0 for code, _, _ in results), [err[-2000:] for _, _, err in results]
+    return [json.loads(out.strip().splitlines()[-1]) for _, out, _ in results]
+
+
+@pytest.mark.slow
+def test_two_cpu_ranks_run_every_collective_over_gloo() -> None:
+    ranks = _run_ranks(RANK_SCRIPT, 2)
     for rank, data in enumerate(ranks):
         assert data["same_group"] is True
         assert "already initialised in this process with" in data["clash"]
@@ -210,3 +216,104 @@ def test_two_cpu_ranks_run_every_collective_over_gloo() -> None:
         assert data["reduce_scatter"] == [[10.0, 12.0], [14.0, 16.0]][rank]
         assert data["broadcast"] == [1.0]
         assert data["after"] is False
+
+
+# -- the mesh of a replica and point-to-point transfers (SPEC 15) ---------------------------
+
+
+def test_a_world_of_one_is_its_own_mesh_and_has_no_one_to_talk_to() -> None:
+    plat = CpuPlatform.simulate("cpu-generic")
+    mesh = plat.init_model_parallel(1, 1)
+    assert (mesh.tp_rank, mesh.pp_rank, mesh.tp_size, mesh.pp_size) == (0, 0, 1, 1)
+    assert mesh.is_first_stage and mesh.is_last_stage
+    assert mesh.previous_stage is None and mesh.next_stage is None
+    assert mesh.tp_communicator.all_reduce(torch.ones(2)).tolist() == [1.0, 1.0]
+    for call in (
+        lambda: mesh.pp_communicator.send(torch.ones(1), 1),
+        lambda: mesh.pp_communicator.recv(torch.ones(1), 1),
+        lambda: mesh.pp_communicator.send_object("x", 1),
+        lambda: mesh.pp_communicator.recv_object(1),
+    ):
+        with pytest.raises(RuntimeError, match="world is this process alone"):
+            call()
+
+
+@pytest.mark.parametrize(
+    ("tp", "pp", "message"),
+    [
+        (2, 1, "tensor_parallel_size=2 x pipeline_parallel_size=1 = 2 ranks, but the world has "
+         "world_size=1"),
+        (1, 3, "pipeline_parallel_size=3 = 3 ranks, but the world has world_size=1"),
+        (0, 1, "tensor_parallel_size must be a positive integer, got 0"),
+        (1, True, "pipeline_parallel_size must be a positive integer, got True"),
+    ],
+)  # fmt: skip
+def test_mesh_sizes_that_do_not_make_the_world_are_named(tp: Any, pp: Any, message: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(message)):
+        CpuPlatform.simulate("cpu-generic").init_model_parallel(tp, pp)
+
+
+def test_the_mesh_puts_tensor_ranks_innermost() -> None:
+    from hwplug.core.distributed import mesh_ranks
+
+    assert mesh_ranks(2, 2) == ([[0, 1], [2, 3]], [[0, 2], [1, 3]])
+    assert mesh_ranks(1, 3) == ([[0], [1], [2]], [[0, 1, 2]])
+    assert mesh_ranks(4, 1) == ([[0, 1, 2, 3]], [[0], [1], [2], [3]])
+
+
+MESH_SCRIPT = textwrap.dedent(
+    """
+    import json, sys
+    from datetime import timedelta
+
+    import torch
+
+    from hwplug.plugins.manager import platform_from_spec
+
+    rank, port = int(sys.argv[1]), sys.argv[2]
+    plat = platform_from_spec("cpu")
+    plat.init_distributed(rank, 4, init_method=f"tcp://127.0.0.1:{port}",
+                          timeout=timedelta(seconds=60))
+    mesh = plat.init_model_parallel(2, 2)
+    again = plat.init_model_parallel(2, 2)
+    out = {"place": [mesh.tp_rank, mesh.pp_rank, mesh.is_first_stage, mesh.is_last_stage],
+           "same": again.tp_group is mesh.tp_group and again.pp_group is mesh.pp_group,
+           "sizes": [mesh.tp_communicator.world_size, mesh.pp_communicator.world_size]}
+    # the tensor group sums its stage only
+    out["tp_sum"] = mesh.tp_communicator.all_reduce(torch.tensor([float(rank)])).tolist()
+    # stage 0 hands its tensor rank's activations to stage 1, which answers
+    pipe = mesh.pp_communicator
+    if mesh.is_first_stage:
+        pipe.send(torch.full((2, 3), float(rank)), mesh.next_stage)
+        pipe.send_object({"from": rank}, mesh.next_stage)
+        out["got"] = pipe.recv(torch.zeros(1), mesh.next_stage).tolist()
+    else:
+        hidden = pipe.recv(torch.zeros(2, 3), mesh.previous_stage)
+        meta = pipe.recv_object(mesh.previous_stage)
+        out["got"] = [hidden.sum().item(), meta["from"]]
+        pipe.send(torch.tensor([100.0 + rank]), mesh.previous_stage)
+    try:
+        pipe.send(torch.ones(1), mesh.pp_rank)
+        out["self_send"] = ""
+    except ValueError as exc:
+        out["self_send"] = str(exc)
+    plat.destroy_distributed()
+    print(json.dumps(out), flush=True)
+    if rank == 0:
+        sys.stdin.read()
+    """
+)
+
+
+@pytest.mark.slow
+def test_a_two_by_two_mesh_sums_within_stages_and_sends_between_them() -> None:
+    ranks = _run_ranks(MESH_SCRIPT, 4)
+    places = [[0, 0, True, False], [1, 0, True, False], [0, 1, False, True], [1, 1, False, True]]
+    for rank, data in enumerate(ranks):
+        assert data["place"] == places[rank]
+        assert data["same"] is True and data["sizes"] == [2, 2]
+        assert data["tp_sum"] == [[1.0], [1.0], [5.0], [5.0]][rank]
+        assert "is not another rank of this group" in data["self_send"]
+    # stage 1's rank r got stage 0's rank r - 2 (six elements of it) and its metadata
+    assert ranks[2]["got"] == [0.0, 0] and ranks[3]["got"] == [6.0, 1]
+    assert ranks[0]["got"] == [102.0] and ranks[1]["got"] == [103.0]

@@ -201,8 +201,15 @@ def test_acme_brings_its_own_communicator(acme_site: Path) -> None:
     comm.all_reduce(t)
     comm.all_gather(t)
     comm.barrier()
+    mesh = platform.init_model_parallel(1, 1)
+    pipe = mesh.pp_communicator
+    try:  # a world of one has no one to send to: counted, then refused
+        pipe.send(t, 1)
+    except RuntimeError:
+        pass
     print(json.dumps({"cls": type(comm).__name__, "world": comm.world_size,
-                      "calls": dict(comm.calls), "t": t.tolist()}))
+                      "calls": dict(comm.calls), "t": t.tolist(),
+                      "pipe": [type(pipe).__name__, dict(pipe.calls)]}))
     """
     result = run_python(code, paths=[acme_site], env=clean_env())
     assert result.returncode == 0, result.stderr
@@ -212,4 +219,5 @@ def test_acme_brings_its_own_communicator(acme_site: Path) -> None:
         "world": 1,
         "calls": {"all_reduce": 1, "all_gather": 1, "barrier": 1},
         "t": [1.0, 1.0, 1.0],
+        "pipe": ["AcmeCommunicator", {"send": 1}],
     }

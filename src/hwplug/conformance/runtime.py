@@ -616,9 +616,31 @@ y = torch.arange(4.0, device=device) + 10 * rank
 out["reduce_scatter"] = comm.reduce_scatter(y).cpu().tolist()
 out["broadcast"] = comm.broadcast(torch.tensor([float(rank)], device=device), src=1).cpu().tolist()
 comm.barrier()
+# a pipeline of two stages (SPEC 15): its groups, and a transfer each way
+mesh = platform.init_model_parallel(1, 2)
+out["stage"] = [mesh.pp_rank, mesh.is_first_stage, mesh.is_last_stage]
+pipe = mesh.pp_communicator
+if mesh.is_first_stage:
+    pipe.send(torch.tensor([5.0, 6.0], device=device), mesh.next_stage)
+    pipe.send_object({"step": 3, "ids": [1, 2]}, mesh.next_stage)
+    got = pipe.recv(torch.zeros(2, device=device), mesh.next_stage)
+    out["recv_object"] = pipe.recv_object(mesh.next_stage)
+else:
+    got = pipe.recv(torch.zeros(2, device=device), mesh.previous_stage)
+    out["recv_object"] = pipe.recv_object(mesh.previous_stage)
+    pipe.send(got + 1, mesh.previous_stage)
+    pipe.send_object("ok", mesh.previous_stage)
+out["recv"] = got.cpu().tolist()
+out["pipe_class"] = type(pipe).__name__
 platform.destroy_distributed()
 print(json.dumps(out), flush=True)
 """
+
+_TRANSFERS_WANT = (
+    {"stage": [0, True, False], "recv": [6.0, 7.0], "recv_object": "ok"},
+    {"stage": [1, False, True], "recv": [5.0, 6.0], "recv_object": {"step": 3, "ids": [1, 2]}},
+)
+"""What each rank of the two-stage pipeline receives."""
 
 _COLLECTIVES_WANT = {
     "all_reduce": [3.0, 6.0],
@@ -629,17 +651,20 @@ _COLLECTIVES_WANT = {
 
 @check(
     "T05",
-    "Collectives run in a world of two",
+    "Collectives and transfers run in a world of two",
     protects=(
         "tensor-parallel ranks that cannot sum, gather, scatter or share tensors over the "
-        "platform's process group."
+        "platform's process group, and pipeline stages that cannot hand their activations "
+        "and step metadata on (send/recv, send_object/recv_object)."
     ),
     kind="runtime",
 )
 def collectives(platform: Platform, context: CheckContext) -> None:
     """Two processes join a process group with ``init_distributed`` (the platform's
     ``dist_backend``) and run every collective of ``device_communicator()`` on the
-    platform's device; the results must be the sums and gathers they should be."""
+    platform's device; then ``init_model_parallel(1, 2)`` makes them a pipeline of two
+    stages, whose communicator sends a tensor and an object each way. The results must
+    be the sums, gathers and transfers they should be."""
     import json
     import socket
     import subprocess
@@ -694,7 +719,7 @@ def collectives(platform: Platform, context: CheckContext) -> None:
     for rank, out in enumerate(outputs):
         if out["world"] != [2, rank]:
             raise CheckFailed(f"rank {rank}'s communicator reports world {out['world']}")
-        want = dict(_COLLECTIVES_WANT, reduce_scatter=scatter[rank])
+        want = dict(_COLLECTIVES_WANT, reduce_scatter=scatter[rank], **_TRANSFERS_WANT[rank])
         for name, value in want.items():
             if out[name] != value:
                 raise CheckFailed(

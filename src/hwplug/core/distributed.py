@@ -1,7 +1,9 @@
-"""Collectives over ``torch.distributed``, for any platform (SPEC 14).
+"""Collectives over ``torch.distributed``, for any platform (SPEC 14 and 15).
 
 :class:`DeviceCommunicator` is what ``Platform.device_communicator()`` returns
-by default: the five collectives a tensor-parallel engine needs, run on a
+by default: the five collectives a tensor-parallel engine needs and the
+point-to-point transfers of pipeline stages (``send``/``recv``,
+``send_object``/``recv_object``), run on a
 process group with the platform's collective backend (gloo, nccl, hccl, xccl,
 a vendor's own). On a world of one every collective is the identity and no
 process group is touched, so an engine calls them unconditionally.
@@ -10,8 +12,10 @@ process group is touched, so an engine calls them unconditionally.
 ``Platform.init_distributed`` and ``destroy_distributed`` run: they remember
 the arguments a process initialised with, so that a second call with the same
 arguments returns the same group and one with other arguments is an error
-naming both. Nothing here knows a particular chip; importing it is free
-(torch is imported by the functions).
+naming both. :class:`ModelParallelGroups` is one rank's place in a replica's
+mesh of tensor- and pipeline-parallel groups (``Platform.init_model_parallel``).
+Nothing here knows a particular chip; importing it is free (torch is imported
+by the functions).
 """
 
 from __future__ import annotations
@@ -27,12 +31,15 @@ if TYPE_CHECKING:
 __all__ = [
     "DeviceCommunicator",
     "DistributedSetup",
+    "ModelParallelGroups",
     "all_gather",
     "all_reduce",
     "communicator",
     "current_setup",
     "destroy_process_group",
     "init_process_group",
+    "mesh_ranks",
+    "model_parallel_groups",
     "register_communicator",
 ]
 
@@ -116,6 +123,7 @@ def destroy_process_group() -> None:
         if dist.is_available() and dist.is_initialized():
             dist.destroy_process_group()
         _setup.clear()
+        _mesh.clear()
 
 
 class DeviceCommunicator:
@@ -218,6 +226,198 @@ class DeviceCommunicator:
         import torch.distributed as dist
 
         dist.barrier(group=self.group)
+
+    # -- point to point (SPEC 15): pipeline stages hand their activations on -------------
+    def _peer(self, what: str, peer: object, name: str) -> int:
+        """``peer`` (a rank of this group) as a global rank, checked."""
+        if self.world_size == 1:
+            raise RuntimeError(
+                f"{what}: this communicator's world is this process alone (world_size 1): "
+                "there is no other rank to talk to"
+            )
+        if isinstance(peer, bool) or not isinstance(peer, int):
+            raise ValueError(f"{what}: {name} must be an integer rank, got {peer!r}")
+        if not 0 <= peer < self.world_size or peer == self.rank:
+            raise ValueError(
+                f"{what}: {name}={peer} is not another rank of this group (ranks 0 .. "
+                f"{self.world_size - 1}, this one is {self.rank})"
+            )
+        if self.group is None:
+            return peer
+        import torch.distributed as dist
+
+        return int(dist.get_global_rank(self.group, peer))
+
+    def send(self, t: torch.Tensor, dst: int) -> None:
+        """Send ``t`` to rank ``dst`` of this group (blocking until it is handed over);
+        the receiver's :meth:`recv` needs a tensor of the same shape and dtype.
+
+        :raises ValueError: ``dst`` is not another rank of the group.
+        :raises RuntimeError: a world of one.
+        """
+        target = self._peer("send", dst, "dst")
+        import torch.distributed as dist
+
+        dist.send(t.contiguous(), dst=target, group=self.group)
+
+    def recv(self, t: torch.Tensor, src: int) -> torch.Tensor:
+        """Receive into ``t`` (preallocated, contiguous, the sender's shape and dtype) what
+        rank ``src`` of this group sends; returns ``t``.
+
+        :raises ValueError: ``src`` is not another rank of the group, or ``t`` is not
+            contiguous.
+        :raises RuntimeError: a world of one.
+        """
+        source = self._peer("recv", src, "src")
+        if not t.is_contiguous():
+            raise ValueError("recv: the tensor to receive into must be contiguous")
+        import torch.distributed as dist
+
+        dist.recv(t, src=source, group=self.group)
+        return t
+
+    def send_object(self, obj: object, dst: int) -> None:
+        """Send a small picklable object (step metadata) to rank ``dst`` of this group.
+
+        :raises ValueError: ``dst`` is not another rank of the group.
+        :raises RuntimeError: a world of one.
+        """
+        target = self._peer("send_object", dst, "dst")
+        import torch.distributed as dist
+
+        dist.send_object_list([obj], dst=target, group=self.group)
+
+    def recv_object(self, src: int) -> Any:
+        """The object rank ``src`` of this group sends with :meth:`send_object`.
+
+        :raises ValueError: ``src`` is not another rank of the group.
+        :raises RuntimeError: a world of one.
+        """
+        source = self._peer("recv_object", src, "src")
+        import torch.distributed as dist
+
+        box: list[Any] = [None]
+        dist.recv_object_list(box, src=source, group=self.group)
+        return box[0]
+
+
+# -- the mesh of a replica (SPEC 15) ----------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelParallelGroups:
+    """This rank's place in one replica's mesh of ``tp_size x pp_size`` ranks, tensor
+    ranks innermost (the reference engine's order): global rank ``r`` is pipeline stage
+    ``r // tp_size`` and tensor rank ``r % tp_size``.
+
+    ``tp_group`` holds the ranks of this rank's stage, ``pp_group`` the ranks with its
+    tensor rank, one per stage (``torch.distributed`` groups; None in a world of one);
+    ``tp_communicator`` and ``pp_communicator`` are the platform's communicators of
+    those groups (a stage sends to the next with ``pp_communicator.send(t,
+    next_stage)``, ranks within ``pp_group`` being stage numbers).
+    """
+
+    rank: int
+    world_size: int
+    tp_size: int
+    pp_size: int
+    tp_rank: int
+    pp_rank: int
+    tp_group: Any
+    pp_group: Any
+    tp_communicator: DeviceCommunicator
+    pp_communicator: DeviceCommunicator
+
+    @property
+    def is_first_stage(self) -> bool:
+        """Whether this rank is in the first pipeline stage (it embeds the tokens)."""
+        return self.pp_rank == 0
+
+    @property
+    def is_last_stage(self) -> bool:
+        """Whether this rank is in the last pipeline stage (it computes the logits)."""
+        return self.pp_rank == self.pp_size - 1
+
+    @property
+    def previous_stage(self) -> int | None:
+        """The stage before this one (a rank of ``pp_group``), or None for the first."""
+        return None if self.is_first_stage else self.pp_rank - 1
+
+    @property
+    def next_stage(self) -> int | None:
+        """The stage after this one (a rank of ``pp_group``), or None for the last."""
+        return None if self.is_last_stage else self.pp_rank + 1
+
+
+def mesh_ranks(tp_size: int, pp_size: int) -> tuple[list[list[int]], list[list[int]]]:
+    """The global ranks of every tensor-parallel group (one per stage) and every
+    pipeline group (one per tensor rank) of a ``tp_size x pp_size`` replica."""
+    tp_groups = [[s * tp_size + t for t in range(tp_size)] for s in range(pp_size)]
+    pp_groups = [[s * tp_size + t for s in range(pp_size)] for t in range(tp_size)]
+    return tp_groups, pp_groups
+
+
+_mesh: dict[tuple[int, int, int], tuple[Any, Any]] = {}
+"""(tp, pp, id of the default group) -> this rank's (tp_group, pp_group), made once."""
+
+
+def model_parallel_groups(
+    tp_size: int, pp_size: int, make_communicator: Any
+) -> ModelParallelGroups:
+    """This rank's :class:`ModelParallelGroups` of a ``tp_size x pp_size`` replica over
+    the default process group (what ``Platform.init_model_parallel`` runs; every rank
+    calls it with the same sizes). ``make_communicator(group)`` builds a communicator.
+
+    :raises ValueError: a size that is not a positive integer, or sizes whose product
+        is not the world size (all three named).
+    """
+    for name, value in (("tensor_parallel_size", tp_size), ("pipeline_parallel_size", pp_size)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    import torch.distributed as dist
+
+    initialised = dist.is_available() and dist.is_initialized()
+    world = dist.get_world_size() if initialised else 1
+    rank = dist.get_rank() if initialised else 0
+    if tp_size * pp_size != world:
+        raise ValueError(
+            f"tensor_parallel_size={tp_size} x pipeline_parallel_size={pp_size} = "
+            f"{tp_size * pp_size} ranks, but the world has world_size={world}; a replica's "
+            "sizes must multiply to its world size (call init_distributed with that world)"
+        )
+    if world == 1:
+        return ModelParallelGroups(
+            0, 1, 1, 1, 0, 0, None, None, make_communicator(None), make_communicator(None)
+        )
+    key = (tp_size, pp_size, id(dist.group.WORLD))
+    with _lock:
+        groups = _mesh.get(key)
+        if groups is None:
+            tp_groups, pp_groups = mesh_ranks(tp_size, pp_size)
+            mine_tp = mine_pp = None
+            # every rank makes every group, in the same order (torch.distributed's rule)
+            for ranks in tp_groups:
+                group = dist.new_group(ranks)
+                if rank in ranks:
+                    mine_tp = group
+            for ranks in pp_groups:
+                group = dist.new_group(ranks)
+                if rank in ranks:
+                    mine_pp = group
+            groups = _mesh[key] = (mine_tp, mine_pp)
+    tp_group, pp_group = groups
+    return ModelParallelGroups(
+        rank,
+        world,
+        tp_size,
+        pp_size,
+        rank % tp_size,
+        rank // tp_size,
+        tp_group,
+        pp_group,
+        make_communicator(tp_group),
+        make_communicator(pp_group),
+    )
 
 
 # -- collectives as torch custom ops --------------------------------------------------------

@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     import torch
 
     from hwplug.core.config import EngineConfig, ModelConfig
-    from hwplug.core.distributed import DeviceCommunicator
+    from hwplug.core.distributed import DeviceCommunicator, ModelParallelGroups
     from hwplug.core.resolve import ChangeLog
 
 __all__ = [
@@ -811,6 +811,13 @@ class Platform:
         return self.runtime.init_distributed(
             rank, world_size, local_rank=local_rank, init_method=init_method, timeout=timeout
         )
+
+    def init_model_parallel(
+        self, tensor_parallel_size: int, pipeline_parallel_size: int = 1
+    ) -> ModelParallelGroups:
+        """This rank's tensor- and pipeline-parallel groups and their communicators
+        (SPEC 15; see :meth:`DeviceRuntime.init_model_parallel`)."""
+        return self.runtime.init_model_parallel(tensor_parallel_size, pipeline_parallel_size)
 
     def destroy_distributed(self) -> None:
         """Leave the default process group (see :meth:`DeviceRuntime.destroy_distributed`)."""

@@ -20,7 +20,7 @@ __all__ = ["AcmeCommunicator"]
 
 
 class AcmeCommunicator(DeviceCommunicator):
-    """torch.distributed's collectives, counted per operation in :attr:`calls`."""
+    """torch.distributed's collectives and transfers, counted per operation in :attr:`calls`."""
 
     def __init__(self, group: object = None) -> None:
         super().__init__(group)
@@ -45,3 +45,19 @@ class AcmeCommunicator(DeviceCommunicator):
     def barrier(self) -> None:
         self.calls["barrier"] += 1
         super().barrier()
+
+    def send(self, t: torch.Tensor, dst: int) -> None:
+        self.calls["send"] += 1
+        super().send(t, dst)
+
+    def recv(self, t: torch.Tensor, src: int) -> torch.Tensor:
+        self.calls["recv"] += 1
+        return super().recv(t, src)
+
+    def send_object(self, obj: object, dst: int) -> None:
+        self.calls["send_object"] += 1
+        super().send_object(obj, dst)
+
+    def recv_object(self, src: int) -> object:
+        self.calls["recv_object"] += 1
+        return super().recv_object(src)
