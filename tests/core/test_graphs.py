@@ -540,3 +540,30 @@ def test_set_capture_enabled_returns_the_previous_state() -> None:
     finally:
         assert set_capture_enabled(False) is True
     assert not is_capture_enabled()
+
+
+def test_capture_is_open_per_thread() -> None:
+    """An engine's foreground capture and its background compilation's capture of host
+    step graphs run at once in two threads: one closing its phase must not close the
+    other's."""
+    import threading
+
+    inside, closed = threading.Event(), threading.Event()
+    seen: list[bool] = []
+
+    def background() -> None:
+        seen.append(is_capture_enabled())  # a new thread starts closed
+        with capture_phase():
+            inside.set()
+            closed.wait(timeout=10)
+        seen.append(is_capture_enabled())
+
+    with capture_phase():
+        thread = threading.Thread(target=background)
+        thread.start()
+        assert inside.wait(timeout=10)
+        closed.set()
+        thread.join(timeout=10)
+        assert is_capture_enabled()  # the other thread's exit left this one open
+    assert not is_capture_enabled()
+    assert seen == [False, False]

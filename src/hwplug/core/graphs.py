@@ -27,7 +27,6 @@ import dataclasses
 import functools
 import gc
 import logging
-import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -111,27 +110,28 @@ def current_graph_context() -> GraphContext:
     return _GRAPH_CONTEXT.get()
 
 
-_capture_lock = threading.Lock()
-_capture_enabled = False
+_capture_open: ContextVar[bool] = ContextVar("hwplug_capture_open", default=False)
+"""Whether graph capture is open, per thread (and asyncio task): an engine that captures
+its device graphs in the foreground while its background compilation builds host step
+graphs in another thread must not have one close the other's capture phase."""
 
 
 def set_capture_enabled(enabled: bool) -> bool:
-    """Open or close graph capture for the whole process; returns the previous state.
+    """Open or close graph capture in this thread (or asyncio task); returns the previous
+    state. A new thread starts closed.
 
     Capture is closed by default: graphs are captured in a dedicated phase
     before serving, so a graph key first met while serving is an error rather
     than a silent stall.
     """
-    global _capture_enabled
-    with _capture_lock:
-        previous = _capture_enabled
-        _capture_enabled = bool(enabled)
+    previous = _capture_open.get()
+    _capture_open.set(bool(enabled))
     return previous
 
 
 def is_capture_enabled() -> bool:
-    """Whether graph capture is currently open."""
-    return _capture_enabled
+    """Whether graph capture is currently open in this thread (or asyncio task)."""
+    return _capture_open.get()
 
 
 @contextlib.contextmanager
@@ -462,7 +462,7 @@ class GraphWrapper:
             if self.calls_with_inputs:
                 return self.backend.call(entry.graph, args, kwargs)  # type: ignore[attr-defined]
             return self._replay(entry, key, args, kwargs)
-        if not _capture_enabled:
+        if not _capture_open.get():
             raise RuntimeError(
                 f"graph capture is closed: {type(self).__name__} ({self.runtime_mode.name}) "
                 f"has no graph for {key} and cannot capture one outside the capture phase. "

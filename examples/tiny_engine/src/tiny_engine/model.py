@@ -454,7 +454,9 @@ def load_weights(
                     f"{where}: checkpoint tensor {name!r} has shape {tuple(tensor.shape)}, "
                     f"config.json implies {full}"
                 )
-            dest.copy_(_local_part(pname, slot, tensor, shard, spec).to(dest.dtype))
+            # (copy_ converts as it copies: one pass over the tensor, not a converted
+            # copy first and then a second pass)
+            dest.copy_(_local_part(pname, slot, tensor, shard, spec))
             loaded.setdefault(pname, set()).add(slot)
         if "lm_head.weight" not in loaded and spec.tie_word_embeddings:
             model.lm_head.weight = cast(nn.Parameter, model.embed_tokens.weight)
