@@ -280,3 +280,61 @@ def test_cancel_never_interrupts_an_import(tmp_path: Path, monkeypatch: pytest.M
     assert job.cancel(30)
     assert isinstance(job.error, CompilationCancelled)
     assert sys.modules["slow_to_import"].VALUE == 1
+
+
+def test_a_held_start_waits_for_start_or_its_deadline() -> None:
+    began: list[float] = []
+
+    def build() -> str:
+        began.append(time.monotonic())
+        return "built"
+
+    held = BackgroundCompilation(build, name="held", start_after=30)
+    assert not held.wait(0.3) and not began  # held: nothing built yet
+    started = time.monotonic()
+    held.start()
+    assert held.wait(30) and held.result == "built"
+    assert began[0] >= started
+    held.start()  # once started, again is nothing
+
+    deadline = BackgroundCompilation(build, name="deadline", start_after=0.2)
+    created = time.monotonic()
+    assert deadline.wait(30) and deadline.result == "built"
+    assert began[1] - created >= 0.15  # started by its deadline, never asked
+
+
+def test_cancelling_a_held_start_builds_nothing() -> None:
+    built: list[bool] = []
+    job = BackgroundCompilation(lambda: built.append(True), name="held", start_after=60)
+    assert job.cancel(10)
+    assert isinstance(job.error, CompilationCancelled) and job.result is None
+    assert built == []
+
+
+@pytest.mark.parametrize("bad", [-1, True, "2", 601])
+def test_a_bad_start_after_is_named(bad: object) -> None:
+    with pytest.raises(ValueError, match="start_after must be"):
+        BackgroundCompilation(lambda: None, start_after=bad)  # type: ignore[arg-type]
+
+
+def test_the_switch_interval_is_lowered_while_building_and_restored_after() -> None:
+    from hwplug.compilation.background import SWITCH_INTERVAL
+
+    before = sys.getswitchinterval()
+    seen: list[float] = []
+    release = threading.Event()
+
+    def build() -> None:
+        seen.append(sys.getswitchinterval())
+        release.wait(30)
+
+    first = BackgroundCompilation(build, name="one")
+    second = BackgroundCompilation(build, name="two")
+    for _ in range(200):
+        if len(seen) == 2:
+            break
+        time.sleep(0.01)
+    assert seen == [min(before, SWITCH_INTERVAL)] * 2
+    release.set()
+    assert first.wait(30) and second.wait(30)
+    assert sys.getswitchinterval() == before

@@ -38,14 +38,16 @@ its next Python instruction stops it, and the thread is joined.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import contextvars
 import logging
 import math
 import os
+import sys
 import threading
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Generic, TypeVar
 
 from hwplug.core.config import CUDAGraphMode
@@ -115,8 +117,45 @@ def _checkpoint() -> None:
     """A Python call: an exception pending for this thread is raised here at the latest."""
 
 
+MAX_START_AFTER = 600.0
+"""The longest ``start_after`` a :class:`BackgroundCompilation` takes, in seconds."""
+
+SWITCH_INTERVAL = 0.0005
+"""The interpreter's switch interval (seconds, :func:`sys.setswitchinterval`) while a
+compilation builds: its thread holds the interpreter lock for long stretches of
+Python (tracing, lowering), and at the default 5 ms every torch op of the engine's
+eager step waited up to that long to get the lock back. Measured on the 250M model's
+first bf16 token (2 cores): 3.3-3.6 s at 5 ms, 2.65-2.74 s at 0.5 ms."""
+
+_yield_lock = threading.Lock()
+_yielders = 0
+_saved_interval: float | None = None
+
+
+@contextlib.contextmanager
+def _yielding() -> Iterator[None]:
+    """Lower the interpreter's switch interval to :data:`SWITCH_INTERVAL` while the
+    block runs (in any number of threads at once); the last to leave restores it."""
+    global _yielders, _saved_interval
+    with _yield_lock:
+        if _yielders == 0:
+            _saved_interval = sys.getswitchinterval()
+            sys.setswitchinterval(min(_saved_interval, SWITCH_INTERVAL))
+        _yielders += 1
+    try:
+        yield
+    finally:
+        with _yield_lock:
+            _yielders -= 1
+            if _yielders == 0 and _saved_interval is not None:
+                sys.setswitchinterval(_saved_interval)
+                _saved_interval = None
+
+
 class BackgroundCompilation(Generic[_T]):
-    """``build()`` run once in a daemon worker thread, started at construction.
+    """``build()`` run once in a daemon worker thread, started at construction, or held
+    for up to ``start_after`` seconds until :meth:`start` (an engine starts it after its
+    first step, so that the first token does not share the cores with the compiler).
 
     ``build`` compiles the model and runs its warm-up step, returning what the
     engine then calls (typically the compiled model). Until :attr:`done`, the
@@ -124,11 +163,26 @@ class BackgroundCompilation(Generic[_T]):
     None when ``build`` raised or was cancelled: :attr:`error` holds the
     exception (a failure is logged as a warning, a cancellation is not) and the
     engine stays eager. :attr:`seconds` is how long it took. ``name`` names the
-    thread and the log lines.
+    thread and the log lines. While ``build`` runs, the interpreter's switch interval
+    is :data:`SWITCH_INTERVAL` (restored when no compilation runs), so that the
+    engine's thread gets the interpreter lock back between its torch ops.
+
+    :raises ValueError: ``start_after`` is not a number of seconds in
+        ``[0, MAX_START_AFTER]``.
     """
 
-    def __init__(self, build: Callable[[], _T], *, name: str = "model") -> None:
+    def __init__(
+        self, build: Callable[[], _T], *, name: str = "model", start_after: float = 0.0
+    ) -> None:
         import torch
+
+        if isinstance(start_after, bool) or not isinstance(start_after, int | float):
+            raise ValueError(f"start_after must be a number of seconds, got {start_after!r}")
+        if not 0 <= start_after <= MAX_START_AFTER:
+            raise ValueError(
+                f"start_after must be between 0 and {MAX_START_AFTER:g} seconds, "
+                f"got {start_after!r}"
+            )
 
         self.name = name
         self.result: _T | None = None
@@ -142,6 +196,10 @@ class BackgroundCompilation(Generic[_T]):
         """``build`` may still be running: :meth:`cancel` raises in the thread only
         while this holds (both sides read and write it under the interpreter lock)."""
         self._cancelled = False
+        self._go = threading.Event()
+        """Set by :meth:`start` (or :meth:`cancel`): the worker stops waiting."""
+        if start_after == 0:
+            self._go.set()
         self._started = time.perf_counter()
         grad = torch.is_grad_enabled()
         inference = torch.is_inference_mode_enabled()
@@ -149,7 +207,13 @@ class BackgroundCompilation(Generic[_T]):
 
         def work() -> None:
             try:
-                with torch.inference_mode(inference), torch.set_grad_enabled(grad):
+                # a held start waits here: no interpreter lock, no core taken from the
+                # engine's first step
+                self._go.wait(start_after)
+                if self._cancelled:
+                    raise CompilationCancelled
+                self._started = time.perf_counter()
+                with _yielding(), torch.inference_mode(inference), torch.set_grad_enabled(grad):
                     result = build()
             except CompilationCancelled as exc:
                 self.error = exc
@@ -181,6 +245,10 @@ class BackgroundCompilation(Generic[_T]):
         _running.add(self)  # type: ignore[arg-type]
         self._thread.start()
 
+    def start(self) -> None:
+        """Start building now, if ``start_after`` still holds it (nothing otherwise)."""
+        self._go.set()
+
     @property
     def done(self) -> bool:
         """The worker thread has ended (built, failed or cancelled)."""
@@ -207,6 +275,7 @@ class BackgroundCompilation(Generic[_T]):
         if threading.current_thread() is self._thread:
             return self.done
         self._cancelled = True
+        self._go.set()  # a held start stops waiting, and ends without building
         deadline = None if timeout is None else time.monotonic() + timeout
         asked = -math.inf
         while not self.done:
