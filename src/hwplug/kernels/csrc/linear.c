@@ -233,7 +233,34 @@ static void row_bf16(const float *x, float *xp, int64_t K, const uint16_t *w, in
     }
 }
 
-enum { ROW_STACK = 4096 }; /* floats of x's copies kept on the stack */
+enum { ROW_STACK = 4096 }; /* in features whose copies of x are kept on the stack */
+
+/* row_bf16 for one row of x, float32 or (x_bf16) bfloat16: x's copies (its reordered
+ * copy, after a widened one for bfloat16) on the stack, or for long rows in a buffer
+ * of their own; 1 when that buffer cannot be had (nothing is written then). */
+static int row_call(const void *x, int x_bf16, int64_t K, const uint16_t *w, int64_t N,
+                    int64_t ldw, const float *bias, void *y, int y_bf16, int threads) {
+    float stack[2 * ROW_STACK];
+    float *buffer =
+        K <= ROW_STACK ? stack : malloc((size_t)(x_bf16 ? 2 : 1) * (size_t)K * sizeof(float));
+    if (!buffer) {
+        return 1;
+    }
+    const float *xf = (const float *)x;
+    float *xp = buffer;
+    if (x_bf16) {
+        for (int64_t k = 0; k < K; k++) {
+            buffer[k] = bf16_to_f32(((const uint16_t *)x)[k]);
+        }
+        xf = buffer;
+        xp = buffer + K;
+    }
+    row_bf16(xf, xp, K, w, N, ldw, bias, y, y_bf16, threads);
+    if (buffer != stack) {
+        free(buffer);
+    }
+    return 0;
+}
 #endif
 
 /* the lanes of k the kernel multiplies at a time (0: no vector path) */
@@ -248,14 +275,10 @@ int hwplug_linear(const float *x, int64_t M, int64_t K, int64_t ldx, const void 
     if (!linear_sizes_ok(M, K, ldx, N, ldw, ldy)) return LINEAR_BAD_SIZES;
 
 #if defined(HWPLUG_ROW_BF16)
-    if (M == 1 && kind == KIND_BF16 && N >= ROW_TILE && K > 0) {
-        float stack[ROW_STACK];
-        float *xp = K <= ROW_STACK ? stack : malloc((size_t)K * sizeof(float));
-        if (xp) { /* (without room for x's copy, the tile path below takes it) */
-            row_bf16(x, xp, K, (const uint16_t *)w, N, ldw, bias, y, 0, threads);
-            if (xp != stack) free(xp);
-            return 0;
-        }
+    /* (without room for x's copy, the tile path below takes it) */
+    if (M == 1 && kind == KIND_BF16 && N >= ROW_TILE && K > 0 &&
+        row_call(x, 0, K, (const uint16_t *)w, N, ldw, bias, y, 0, threads) == 0) {
+        return 0;
     }
 #endif
     const size_t item = kind == KIND_F32 ? 4 : 2;
@@ -282,6 +305,20 @@ int hwplug_linear(const float *x, int64_t M, int64_t K, int64_t ldx, const void 
     return 0;
 }
 
+#else /* no AVX2/FMA/F16C: callers use oneDNN or torch */
+
+int hwplug_linear_simd(void) { return 0; }
+
+int hwplug_linear(const float *x, int64_t M, int64_t K, int64_t ldx, const void *w, int kind,
+                  int64_t N, int64_t ldw, const float *bias, float *y, int64_t ldy,
+                  int threads) {
+    (void)x, (void)M, (void)K, (void)ldx, (void)w, (void)kind, (void)N, (void)ldw;
+    (void)bias, (void)y, (void)ldy, (void)threads;
+    return 2;
+}
+
+#endif
+
 /* y[1, N] = x[1, K] . w[N, K]^T + bias for a bfloat16 x and weight (a decoding step
  * of one sequence): the one-row path, x widened once; y float32, or bfloat16 when
  * y_bf16 (rounded to nearest even). The signature of the pairs kernels (linear_amx.c):
@@ -291,19 +328,9 @@ int hwplug_linear_row_bf16(const uint16_t *x, int64_t M, int64_t K, int64_t ldx,
                            const uint16_t *w, int64_t N, int64_t ldw, const float *bias,
                            void *y, int64_t ldy, int y_bf16, int threads) {
 #if defined(HWPLUG_ROW_BF16)
-    if (!linear_sizes_ok(M, K, ldx, N, ldw, ldy)) return LINEAR_BAD_SIZES;
-    if (M != 1) return LINEAR_BAD_SIZES;
+    if (!linear_sizes_ok(M, K, ldx, N, ldw, ldy) || M != 1) return LINEAR_BAD_SIZES;
     if (N == 0) return 0;
-    float stack[2 * ROW_STACK];
-    float *xf = K <= ROW_STACK ? stack : malloc(2 * (size_t)K * sizeof(float));
-    if (!xf) return 1;
-    for (int64_t k = 0; k < K; k++) {
-        xf[k] = bf16_to_f32(x[k]);
-    }
-    row_bf16(xf, xf + (K <= ROW_STACK ? ROW_STACK : K), K, w, N, ldw, bias, y, y_bf16,
-             threads);
-    if (xf != stack) free(xf);
-    return 0;
+    return row_call(x, 1, K, w, N, ldw, bias, y, y_bf16, threads);
 #else
     (void)x, (void)M, (void)K, (void)ldx, (void)w, (void)N, (void)ldw, (void)bias, (void)y;
     (void)ldy, (void)y_bf16, (void)threads;
@@ -318,27 +345,3 @@ int hwplug_linear_row_bf16_ready(void) {
     return 0;
 #endif
 }
-
-#else /* no AVX2/FMA/F16C: callers use oneDNN or torch */
-
-int hwplug_linear_simd(void) { return 0; }
-
-int hwplug_linear_row_bf16(const uint16_t *x, int64_t M, int64_t K, int64_t ldx,
-                           const uint16_t *w, int64_t N, int64_t ldw, const float *bias,
-                           void *y, int64_t ldy, int y_bf16, int threads) {
-    (void)x, (void)M, (void)K, (void)ldx, (void)w, (void)N, (void)ldw, (void)bias, (void)y;
-    (void)ldy, (void)y_bf16, (void)threads;
-    return 2;
-}
-
-int hwplug_linear_row_bf16_ready(void) { return 0; }
-
-int hwplug_linear(const float *x, int64_t M, int64_t K, int64_t ldx, const void *w, int kind,
-                  int64_t N, int64_t ldw, const float *bias, float *y, int64_t ldy,
-                  int threads) {
-    (void)x, (void)M, (void)K, (void)ldx, (void)w, (void)kind, (void)N, (void)ldw;
-    (void)bias, (void)y, (void)ldy, (void)threads;
-    return 2;
-}
-
-#endif
