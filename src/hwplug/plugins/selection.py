@@ -38,6 +38,7 @@ __all__ = [
     "detect",
     "known_profiles",
     "platform_entries",
+    "platform_entry",
     "platform_from_spec",
     "select",
     "simulate",
@@ -327,7 +328,11 @@ def simulate(pm: HwplugPluginManager, spec: str) -> Platform:
     return _start(entry, lambda: entry.cls.simulate(spec))
 
 
-def _entry(pm: HwplugPluginManager, name: str) -> PlatformEntry:
+def platform_entry(pm: HwplugPluginManager, name: str) -> PlatformEntry:
+    """The entry of platform ``name`` (any case, spaces around ignored).
+
+    :raises ConfigError: unknown platform (a near miss suggested, the known ones listed).
+    """
     entries = pm.platform_entries()
     entry = entries.get(name.strip().lower())
     if entry is None:
@@ -399,7 +404,7 @@ def select(pm: HwplugPluginManager, env: Mapping[str, str] | None = None) -> Sel
         return Selection(platform, candidates, f"{SIMULATE_ENV}={spec}")
     if forced:
         try:
-            entry = _entry(pm, forced)
+            entry = platform_entry(pm, forced)
         except ConfigError as exc:
             raise ConfigError(f"{PLATFORM_ENV}={forced}: {exc}") from None
         candidate = pm.detect(entry)

@@ -40,7 +40,7 @@ from hwplug.core import session as core_session
 from hwplug.core.errors import ConfigError
 from hwplug.core.platform import Platform
 from hwplug.plugins.plugin_manager import HwplugPluginManager
-from hwplug.plugins.selection import did_you_mean
+from hwplug.plugins.selection import platform_entry
 
 if TYPE_CHECKING:
     from hwplug.core.config import EngineConfig
@@ -188,14 +188,7 @@ class Session:
 
         :raises ConfigError: unknown platform (the known ones are listed).
         """
-        entries = self.plugin_manager.platform_entries()
-        entry = entries.get(name.strip().lower())
-        if entry is None:
-            raise ConfigError(
-                f"unknown platform {name!r}{did_you_mean(name.strip().lower(), entries)}; "
-                f"known platforms: {', '.join(sorted(entries))}"
-            )
-        return tuple(entry.cls.profiles())
+        return tuple(platform_entry(self.plugin_manager, name).cls.profiles())
 
     def as_platform(self, platform: Platform | str | None, what: str = "platform") -> Platform:
         """``platform`` as a :class:`Platform`: None is the current one, a string a name
