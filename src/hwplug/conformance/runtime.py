@@ -631,7 +631,6 @@ else:
     pipe.send(got + 1, mesh.previous_stage)
     pipe.send_object("ok", mesh.previous_stage)
 out["recv"] = got.cpu().tolist()
-out["pipe_class"] = type(pipe).__name__
 platform.destroy_distributed()
 print(json.dumps(out), flush=True)
 """
