@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextvars
+import gc
 import logging
 import subprocess
 import sys
@@ -225,6 +226,74 @@ def test_cancel_stops_a_running_build_and_joins_its_thread(
     assert "hwplug-compile-endless" not in {t.name for t in threading.enumerate()}
     assert not caplog.records, "a cancellation is not a failure"
     assert job.cancel() and job.wait(0)  # idempotent
+
+
+def test_a_cancellation_landing_in_a_gc_callback_is_asked_again_and_never_reported() -> None:
+    # CI failed on it: the cancellation arrived while the worker ran hypothesis's garbage
+    # collector callback, which cannot raise; the interpreter reported it as "Exception
+    # ignored in: gc_callback" (a failed test under pytest) and the worker carried on
+    in_callback = threading.Event()
+    reported: list[object] = []
+    worker: list[threading.Thread] = []
+
+    def callback(phase: str, info: dict[str, int]) -> None:
+        if threading.current_thread() is not worker[0] or in_callback.is_set():
+            return
+        in_callback.set()
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:  # the first request lands here
+            pass
+
+    def build() -> str:
+        worker.append(threading.current_thread())
+        gc.callbacks.append(callback)
+        gc.collect()
+        while True:  # pure Python: the request asked again arrives here
+            pass
+
+    previous = sys.unraisablehook
+    sys.unraisablehook = reported.append
+    try:
+        job = BackgroundCompilation(build, name="gc-callback")
+        assert in_callback.wait(30)
+        assert job.cancel(30)
+    finally:
+        if callback in gc.callbacks:
+            gc.callbacks.remove(callback)
+        sys.unraisablehook = previous
+    assert isinstance(job.error, CompilationCancelled)
+    assert reported == []
+
+
+def test_a_cancellation_hook_hands_every_other_report_on() -> None:
+    reported: list[object] = []
+    previous = sys.unraisablehook
+    sys.unraisablehook = reported.append
+    try:
+        BackgroundCompilation(lambda: "built", name="hook").cancel(30)  # wraps the hook
+
+        class Noisy:
+            def __del__(self) -> None:
+                raise RuntimeError("from __del__")
+
+        Noisy()
+        gc.collect()
+        # our own exception, raised on a thread that is no compilation's, is not ours to drop
+        sys.unraisablehook(_unraisable(CompilationCancelled()))
+    finally:
+        sys.unraisablehook = previous
+    assert [type(r.exc_value) for r in reported] == [RuntimeError, CompilationCancelled]
+
+
+def _unraisable(exc: BaseException) -> object:
+    class Args:
+        exc_type = type(exc)
+        exc_value = exc
+        exc_traceback = None
+        err_msg = None
+        object = None
+
+    return Args()
 
 
 def test_cancelling_a_finished_compilation_keeps_its_result() -> None:

@@ -196,6 +196,9 @@ class BackgroundCompilation(Generic[_T]):
         """``build`` may still be running: :meth:`cancel` raises in the thread only
         while this holds (both sides read and write it under the interpreter lock)."""
         self._cancelled = False
+        self._lost = False
+        """A cancellation raised in the worker was swallowed (it landed in a garbage
+        collector or weakref callback, or a ``__del__``): :meth:`cancel` asks again at once."""
         self._go = threading.Event()
         """Set by :meth:`start` (or :meth:`cancel`): the worker stops waiting."""
         if start_after == 0:
@@ -276,15 +279,19 @@ class BackgroundCompilation(Generic[_T]):
             return self.done
         self._cancelled = True
         self._go.set()  # a held start stops waiting, and ends without building
+        _swallow_lost_cancellations()
         deadline = None if timeout is None else time.monotonic() + timeout
         asked = -math.inf
         while not self.done:
             # asked again only after a while: a thread unwinding from the first request
             # runs finally blocks and weakref callbacks, where a second one would be an
             # "Exception ignored" instead of a stop
-            again = self._building and time.monotonic() - asked >= _CANCEL_AGAIN
-            if again and _raise_in(self._thread, CompilationCancelled):
-                asked = time.monotonic()
+            # (or at once when the last request was swallowed by a callback)
+            again = self._building and (self._lost or time.monotonic() - asked >= _CANCEL_AGAIN)
+            if again:
+                self._lost = False
+                if _raise_in(self._thread, CompilationCancelled):
+                    asked = time.monotonic()
             left = None if deadline is None else deadline - time.monotonic()
             if left is not None and left <= 0:
                 break
@@ -308,6 +315,39 @@ _CANCEL_POLL = 0.02
 _CANCEL_AGAIN = 1.0
 """Seconds before a cancellation is asked again (torch code that catches every exception
 and carries on gets another)."""
+
+
+def _swallow_lost_cancellations() -> None:
+    """Make sure :data:`sys.unraisablehook` drops a :class:`CompilationCancelled` that a
+    compilation's worker thread could not raise.
+
+    The exception arrives at the worker's next Python instruction, which may belong to
+    a callback that the interpreter runs on that thread and whose exceptions it cannot
+    propagate: a garbage collector callback (hypothesis installs one), a weakref
+    callback, a ``__del__``. The interpreter then reports it as "Exception ignored in
+    ..." through :data:`sys.unraisablehook` (pytest turns that into a failed test) and
+    the worker carries on. That report is hwplug's own request, not a fault of the
+    callback: the hook installed here drops it, marks the compilation so that
+    :meth:`BackgroundCompilation.cancel` asks again at once, and hands everything else
+    to the hook it wraps. It wraps whatever hook is current, once (again only if
+    someone has replaced it since)."""
+    if getattr(sys.unraisablehook, "_hwplug_wraps", None) is not None:
+        return
+    wrapped = sys.unraisablehook
+
+    def hook(unraisable: sys.UnraisableHookArgs) -> None:
+        if isinstance(unraisable.exc_type, type) and issubclass(
+            unraisable.exc_type, CompilationCancelled
+        ):
+            current = threading.current_thread()
+            for compilation in list(_running):
+                if compilation._thread is current:
+                    compilation._lost = True
+                    return
+        wrapped(unraisable)
+
+    hook._hwplug_wraps = wrapped  # type: ignore[attr-defined]
+    sys.unraisablehook = hook
 
 
 def _raise_in(thread: threading.Thread, exc_type: type[BaseException]) -> bool:
