@@ -259,6 +259,66 @@ def test_the_mesh_puts_tensor_ranks_innermost() -> None:
     assert mesh_ranks(2, 2) == ([[0, 1], [2, 3]], [[0, 2], [1, 3]])
     assert mesh_ranks(1, 3) == ([[0], [1], [2]], [[0, 1, 2]])
     assert mesh_ranks(4, 1) == ([[0, 1, 2, 3]], [[0], [1], [2], [3]])
+    # replicas outermost, each a mesh of its own
+    assert mesh_ranks(1, 2, 2) == ([[0], [1], [2], [3]], [[0, 1], [2, 3]])
+    assert mesh_ranks(2, 1, 2) == ([[0, 1], [2, 3]], [[0], [1], [2], [3]])
+
+
+def test_mesh_sizes_with_replicas_name_the_data_parallel_size() -> None:
+    plat = CpuPlatform.simulate("cpu-generic")
+    message = (
+        "tensor_parallel_size=1 x pipeline_parallel_size=1 x data_parallel_size=2 = 2 "
+        "ranks, but the world has world_size=1"
+    )
+    with pytest.raises(ValueError, match=re.escape(message)):
+        plat.init_model_parallel(1, 1, data_parallel_size=2)
+    with pytest.raises(ValueError, match="data_parallel_size must be a positive integer"):
+        plat.init_model_parallel(1, 1, data_parallel_size=0)
+    one = plat.init_model_parallel(1, 1, data_parallel_size=1)
+    assert (one.dp_size, one.dp_rank, one.replica_group) == (1, 0, None)
+
+
+REPLICAS_SCRIPT = textwrap.dedent(
+    """
+    import json, sys
+    from datetime import timedelta
+
+    import torch
+
+    from hwplug.plugins.manager import platform_from_spec
+
+    rank, port = int(sys.argv[1]), sys.argv[2]
+    plat = platform_from_spec("cpu")
+    plat.init_distributed(rank, 4, init_method=f"tcp://127.0.0.1:{port}",
+                          timeout=timedelta(seconds=60))
+    mesh = plat.init_model_parallel(1, 2, data_parallel_size=2)
+    out = {"place": [mesh.dp_rank, mesh.rank, mesh.pp_rank, mesh.world_size, mesh.dp_size]}
+    # a replica's collective meets its own ranks only
+    out["replica_sum"] = mesh.replica_communicator.all_reduce(
+        torch.tensor([float(rank)])).tolist()
+    pipe = mesh.pp_communicator
+    if mesh.is_first_stage:
+        pipe.send(torch.tensor([10.0 * rank]), mesh.next_stage)
+        out["got"] = None
+    else:
+        out["got"] = pipe.recv(torch.zeros(1), mesh.previous_stage).tolist()
+    plat.destroy_distributed()
+    print(json.dumps(out), flush=True)
+    if rank == 0:
+        sys.stdin.read()
+    """
+)
+
+
+@pytest.mark.slow
+def test_replicas_in_one_world_each_have_a_mesh_of_their_own() -> None:
+    ranks = _run_ranks(REPLICAS_SCRIPT, 4)
+    assert [r["place"] for r in ranks] == [
+        [0, 0, 0, 2, 2], [0, 1, 1, 2, 2], [1, 0, 0, 2, 2], [1, 1, 1, 2, 2]
+    ]  # fmt: skip
+    assert [r["replica_sum"] for r in ranks] == [[1.0], [1.0], [5.0], [5.0]]
+    # each replica's last stage got its own first stage's activations
+    assert ranks[1]["got"] == [0.0] and ranks[3]["got"] == [20.0]
 
 
 MESH_SCRIPT = textwrap.dedent(

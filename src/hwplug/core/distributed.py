@@ -315,6 +315,14 @@ class ModelParallelGroups:
     ``tp_communicator`` and ``pp_communicator`` are the platform's communicators of
     those groups (a stage sends to the next with ``pp_communicator.send(t,
     next_stage)``, ranks within ``pp_group`` being stage numbers).
+
+    A world that holds several data-parallel replicas (``dp_size`` of them, made with
+    ``data_parallel_size``: a launcher such as torchrun starts every rank of every
+    replica in one job) numbers replicas outermost: global rank ``r`` is in replica
+    ``r // (tp_size x pp_size)``, and ``rank`` and the stage and tensor ranks are
+    counted within it. ``replica_group`` holds the ranks of this rank's replica
+    (None: the whole world, when there is one replica), ``replica_communicator``
+    its communicator; the groups of different replicas never meet.
     """
 
     rank: int
@@ -327,6 +335,10 @@ class ModelParallelGroups:
     pp_group: Any
     tp_communicator: DeviceCommunicator
     pp_communicator: DeviceCommunicator
+    dp_size: int = 1
+    dp_rank: int = 0
+    replica_group: Any = None
+    replica_communicator: DeviceCommunicator | None = None
 
     @property
     def is_first_stage(self) -> bool:
@@ -349,66 +361,90 @@ class ModelParallelGroups:
         return None if self.is_last_stage else self.pp_rank + 1
 
 
-def mesh_ranks(tp_size: int, pp_size: int) -> tuple[list[list[int]], list[list[int]]]:
+def mesh_ranks(
+    tp_size: int, pp_size: int, dp_size: int = 1
+) -> tuple[list[list[int]], list[list[int]]]:
     """The global ranks of every tensor-parallel group (one per stage) and every
-    pipeline group (one per tensor rank) of a ``tp_size x pp_size`` replica."""
-    tp_groups = [[s * tp_size + t for t in range(tp_size)] for s in range(pp_size)]
-    pp_groups = [[s * tp_size + t for s in range(pp_size)] for t in range(tp_size)]
+    pipeline group (one per tensor rank) of ``dp_size`` replicas of ``tp_size x
+    pp_size`` ranks (replica by replica)."""
+    size = tp_size * pp_size
+    tp_groups = [
+        [d * size + s * tp_size + t for t in range(tp_size)]
+        for d in range(dp_size)
+        for s in range(pp_size)
+    ]
+    pp_groups = [
+        [d * size + s * tp_size + t for s in range(pp_size)]
+        for d in range(dp_size)
+        for t in range(tp_size)
+    ]
     return tp_groups, pp_groups
 
 
-_mesh: dict[tuple[int, int, int], tuple[Any, Any]] = {}
-"""(tp, pp, id of the default group) -> this rank's (tp_group, pp_group), made once."""
+_mesh: dict[tuple[int, int, int, int], tuple[Any, Any, Any]] = {}
+"""(tp, pp, dp, id of the default group) -> this rank's (tp_group, pp_group,
+replica_group), made once."""
 
 
 def model_parallel_groups(
-    tp_size: int, pp_size: int, make_communicator: Any
+    tp_size: int, pp_size: int, make_communicator: Any, dp_size: int = 1
 ) -> ModelParallelGroups:
-    """This rank's :class:`ModelParallelGroups` of a ``tp_size x pp_size`` replica over
-    the default process group (what ``Platform.init_model_parallel`` runs; every rank
-    calls it with the same sizes). ``make_communicator(group)`` builds a communicator.
+    """This rank's :class:`ModelParallelGroups` of ``dp_size`` replicas of ``tp_size x
+    pp_size`` ranks over the default process group (what
+    ``Platform.init_model_parallel`` runs; every rank calls it with the same sizes).
+    ``make_communicator(group)`` builds a communicator.
 
     :raises ValueError: a size that is not a positive integer, or sizes whose product
-        is not the world size (all three named).
+        is not the world size (each named).
     """
-    for name, value in (("tensor_parallel_size", tp_size), ("pipeline_parallel_size", pp_size)):
+    sizes = (
+        ("tensor_parallel_size", tp_size),
+        ("pipeline_parallel_size", pp_size),
+        ("data_parallel_size", dp_size),
+    )
+    for name, value in sizes:
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{name} must be a positive integer, got {value!r}")
     import torch.distributed as dist
 
     initialised = dist.is_available() and dist.is_initialized()
     world = dist.get_world_size() if initialised else 1
-    rank = dist.get_rank() if initialised else 0
-    if tp_size * pp_size != world:
+    global_rank = dist.get_rank() if initialised else 0
+    if tp_size * pp_size * dp_size != world:
+        sizes_text = f"tensor_parallel_size={tp_size} x pipeline_parallel_size={pp_size}"
+        if dp_size != 1:
+            sizes_text += f" x data_parallel_size={dp_size}"
         raise ValueError(
-            f"tensor_parallel_size={tp_size} x pipeline_parallel_size={pp_size} = "
-            f"{tp_size * pp_size} ranks, but the world has world_size={world}; a replica's "
-            "sizes must multiply to its world size (call init_distributed with that world)"
+            f"{sizes_text} = {tp_size * pp_size * dp_size} ranks, but the world has "
+            f"world_size={world}; the sizes must multiply to the world size (call "
+            "init_distributed with that world)"
         )
     if world == 1:
         return ModelParallelGroups(
             0, 1, 1, 1, 0, 0, None, None, make_communicator(None), make_communicator(None)
         )
-    key = (tp_size, pp_size, id(dist.group.WORLD))
+    size = tp_size * pp_size
+    key = (tp_size, pp_size, dp_size, id(dist.group.WORLD))
     with _lock:
         groups = _mesh.get(key)
         if groups is None:
-            tp_groups, pp_groups = mesh_ranks(tp_size, pp_size)
-            mine_tp = mine_pp = None
+            tp_groups, pp_groups = mesh_ranks(tp_size, pp_size, dp_size)
+            replicas = [list(range(d * size, (d + 1) * size)) for d in range(dp_size)]
+            mine: list[Any] = [None, None, None]
             # every rank makes every group, in the same order (torch.distributed's rule)
-            for ranks in tp_groups:
-                group = dist.new_group(ranks)
-                if rank in ranks:
-                    mine_tp = group
-            for ranks in pp_groups:
-                group = dist.new_group(ranks)
-                if rank in ranks:
-                    mine_pp = group
-            groups = _mesh[key] = (mine_tp, mine_pp)
-    tp_group, pp_group = groups
+            for slot, all_ranks in enumerate((tp_groups, pp_groups, replicas)):
+                if slot == 2 and dp_size == 1:
+                    break  # one replica: its group is the world
+                for ranks in all_ranks:
+                    group = dist.new_group(ranks)
+                    if global_rank in ranks:
+                        mine[slot] = group
+            groups = _mesh[key] = (mine[0], mine[1], mine[2])
+    tp_group, pp_group, replica_group = groups
+    rank = global_rank % size
     return ModelParallelGroups(
         rank,
-        world,
+        size,
         tp_size,
         pp_size,
         rank % tp_size,
@@ -417,6 +453,10 @@ def model_parallel_groups(
         pp_group,
         make_communicator(tp_group),
         make_communicator(pp_group),
+        dp_size,
+        global_rank // size,
+        replica_group,
+        make_communicator(replica_group),
     )
 
 

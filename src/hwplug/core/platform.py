@@ -813,11 +813,17 @@ class Platform:
         )
 
     def init_model_parallel(
-        self, tensor_parallel_size: int, pipeline_parallel_size: int = 1
+        self,
+        tensor_parallel_size: int,
+        pipeline_parallel_size: int = 1,
+        *,
+        data_parallel_size: int = 1,
     ) -> ModelParallelGroups:
         """This rank's tensor- and pipeline-parallel groups and their communicators
         (SPEC 15; see :meth:`DeviceRuntime.init_model_parallel`)."""
-        return self.runtime.init_model_parallel(tensor_parallel_size, pipeline_parallel_size)
+        return self.runtime.init_model_parallel(
+            tensor_parallel_size, pipeline_parallel_size, data_parallel_size=data_parallel_size
+        )
 
     def destroy_distributed(self) -> None:
         """Leave the default process group (see :meth:`DeviceRuntime.destroy_distributed`)."""

@@ -301,20 +301,29 @@ class DeviceRuntime:
         return distributed.init_process_group(setup)
 
     def init_model_parallel(
-        self, tensor_parallel_size: int, pipeline_parallel_size: int = 1
+        self,
+        tensor_parallel_size: int,
+        pipeline_parallel_size: int = 1,
+        *,
+        data_parallel_size: int = 1,
     ) -> distributed.ModelParallelGroups:
         """This rank's tensor- and pipeline-parallel groups of a replica of
         ``tensor_parallel_size x pipeline_parallel_size`` ranks (SPEC 15), tensor ranks
         innermost, with the platform's communicators of both; after
         :meth:`init_distributed` (a world of one needs neither: its groups are this
         process alone). Every rank of the world calls it with the same sizes; called
-        again, it reuses the groups.
+        again, it reuses the groups. ``data_parallel_size`` replicas share the world
+        when one launcher started them all (torchrun): replicas outermost, each with
+        groups of its own (:class:`~hwplug.core.distributed.ModelParallelGroups`).
 
         :raises ValueError: a size that is not a positive integer, or sizes that do not
-            multiply to the world size (all three named).
+            multiply to the world size (each named).
         """
         return distributed.model_parallel_groups(
-            tensor_parallel_size, pipeline_parallel_size, self.device_communicator
+            tensor_parallel_size,
+            pipeline_parallel_size,
+            self.device_communicator,
+            data_parallel_size,
         )
 
     def destroy_distributed(self) -> None:
