@@ -26,6 +26,7 @@ samples greedily or with a seeded temperature.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import math
 import secrets
@@ -52,7 +53,7 @@ from tiny_engine.attention import resolved_backend
 from tiny_engine.blocks import BlockPool
 from tiny_engine.checkpoint import read_checkpoint
 from tiny_engine.executor import Executor, make_executor
-from tiny_engine.model import CausalLM, sharding_problem
+from tiny_engine.model import CausalLM, pipeline_problem, sharding_problem
 from tiny_engine.runner import ModelRunner, StepInput
 from tiny_engine.scheduler import Scheduler
 from tiny_engine.scheduler import Sequence as Seq
@@ -66,10 +67,27 @@ from tiny_engine.settings import (
 )
 from tiny_engine.worker import WorkerSpec
 
-__all__ = ["LLM", "engine_config_for", "sequence_seed"]
+__all__ = ["LLM", "engine_config_for", "sequence_seed", "spread"]
 
 logger = logging.getLogger("tiny_engine")
 """Start-up phases are logged at INFO (the CLI shows them as a status line on a terminal)."""
+
+
+def spread(
+    prompts: Sequence[Sequence[int]], limits: Sequence[int], replicas: int
+) -> list[list[int]]:
+    """The prompt indices each of ``replicas`` replicas serves, in prompt order: by tokens
+    still to compute (prompt plus ``max_tokens``), the largest first, each to the
+    replica with the fewest so far (the first of equals): deterministic, so every rank
+    of a launcher's job computes the same shares."""
+    load = [0] * replicas
+    shares: list[list[int]] = [[] for _ in range(replicas)]
+    order = sorted(range(len(prompts)), key=lambda i: (-(len(prompts[i]) + limits[i]), i))
+    for i in order:
+        k = min(range(replicas), key=lambda r: (load[r], r))
+        load[k] += len(prompts[i]) + limits[i]
+        shares[k].append(i)
+    return [sorted(share) for share in shares]
 
 
 class LLM:
@@ -94,6 +112,7 @@ class LLM:
         config: EngineConfig | Mapping[str, Any] | None = None,
         platform: str | Platform | None = None,
         device: str | torch.device | None = None,
+        _replica: tuple[int, int] | None = None,
     ) -> None:
         self.spec = read_checkpoint(model)
         self.resolution = hwplug.resolve(engine_config_for(self.spec, config), platform=platform)
@@ -109,17 +128,22 @@ class LLM:
         self.attention_backend = resolved_backend(self.config, self.platform, self.device)
         parallel = self.config.parallel
         self.tensor_parallel_size = parallel.tensor_parallel_size
-        problem = sharding_problem(self.spec, self.tensor_parallel_size)
+        self.pipeline_parallel_size = parallel.pipeline_parallel_size
+        self.data_parallel_size = parallel.data_parallel_size
+        problem = sharding_problem(self.spec, self.tensor_parallel_size) or pipeline_problem(
+            self.spec, self.pipeline_parallel_size
+        )
         if problem is not None:
             raise ConfigError(f"{problem} ({self.spec.path / 'config.json'})")
-        if parallel.pipeline_parallel_size != 1 or parallel.data_parallel_size != 1:
-            raise ConfigError(
-                "tiny_engine serves tensor parallelism only: parallel.pipeline_parallel_size "
-                "and parallel.data_parallel_size must be 1"
-            )
         self.executor_kind = parallel.distributed_executor_backend or (
             "uni" if parallel.world_size == 1 else "mp"
         )
+        self._replica = _replica
+        self.replicas: list[LLM] = []
+        """The data-parallel replicas this engine drives (each an engine of one replica,
+        started by the same executor kind), when ``data_parallel_size`` > 1 and the
+        executor starts them (not under an external launcher, where this process is one
+        rank of one replica); empty otherwise."""
         self._stats: dict[str, Any] = {
             "prefix_cache_hits": 0,
             "preemptions": 0,
@@ -132,6 +156,9 @@ class LLM:
         """Serialises ``generate`` calls: the runner's buffers and the pool are shared."""
         self.executor: Executor | None = None
         try:
+            if self.data_parallel_size > 1 and self.executor_kind != "external_launcher":
+                self._build_replicas(device)
+                return
             with hwplug.use_platform(self.platform), torch.inference_mode():
                 self._build(device)
         except BaseException:
@@ -154,17 +181,49 @@ class LLM:
             )
         return plat.torch_device(0)
 
+    def _build_replicas(self, device: str | torch.device | None) -> None:
+        """Start ``data_parallel_size`` engines of one replica each (SPEC 15)."""
+        replicas = self.data_parallel_size
+        parallel = dataclasses.replace(self.config.parallel, data_parallel_size=1)
+        one = dataclasses.replace(self.config, parallel=parallel)
+        for k in range(replicas):
+            logger.info("starting data-parallel replica %d of %d", k, replicas)
+            try:
+                replica = LLM(
+                    self.spec.path,
+                    config=one,
+                    platform=self.platform,
+                    device=device,
+                    _replica=(k, replicas),
+                )
+            except (ConfigError, RuntimeError) as exc:
+                raise type(exc)(
+                    f"data-parallel replica {k} of {replicas} could not start: {exc}"
+                ) from exc
+            self.replicas.append(replica)
+        first = self.replicas[0]
+        self.memory = dict(first.memory)
+        self.budget_blocks = first.budget_blocks
+        self.num_blocks = first.num_blocks
+        self.graphs_captured = first.graphs_captured
+        self.compile_seconds = max(r.compile_seconds for r in self.replicas)
+
     def _build(self, device: str | torch.device | None) -> None:
         cfg, plat = self.config, self.platform
+        world = cfg.parallel.world_size
+        replicas = cfg.parallel.data_parallel_size
+        if self._replica is not None:
+            replicas = self._replica[1]
         spec = WorkerSpec(
             checkpoint=self.spec.path,
             config=cfg,
             platform=plat,
             attention_backend=self.attention_backend,
             device=None if device is None else str(self.device),
-            world_size=cfg.parallel.world_size,
+            world_size=world,
+            data_parallel_size=cfg.parallel.data_parallel_size,
+            ranks_on_host=world * replicas,
         )
-        world = cfg.parallel.world_size
         logger.info(
             "starting %d rank%s (%s executor)", world, "s" if world > 1 else "", self.executor_kind
         )
@@ -250,7 +309,9 @@ class LLM:
         """Whether this process should report results: always, except on the ranks other
         than 0 of a job an external launcher started (every rank has the same results)."""
         executor = self.executor
-        return not (executor is not None and getattr(executor, "rank", 0) != 0)
+        if executor is None:
+            return True
+        return getattr(executor, "rank", 0) == 0 and getattr(executor, "replica", 0) == 0
 
     def wait_compiled(self, timeout: float | None = None) -> bool:
         """Wait (at most ``timeout`` seconds) until the model runs compiled.
@@ -263,14 +324,21 @@ class LLM:
 
         :raises RuntimeError: the engine is closed.
         """
+        if self.replicas:
+            return all([r.wait_compiled(timeout) for r in self.replicas])
         if self.executor is None:
             raise RuntimeError("the engine is closed")
         return all(self.executor.run("wait_compiled", timeout))
 
     def close(self) -> None:
-        """Stop the ranks (other processes, Ray actors) and leave the process group.
-        Idempotent; the engine cannot generate afterwards."""
+        """Stop the ranks (other processes, Ray actors) of every replica and leave the
+        process group. Idempotent; the engine cannot generate afterwards."""
         executor, self.executor = self.executor, None
+        replicas, self.replicas = list(getattr(self, "replicas", [])), []
+        self._closed_replicas = bool(replicas) or getattr(self, "_closed_replicas", False)
+        for replica in replicas:
+            with contextlib.suppress(Exception):
+                replica.close()
         if executor is not None:
             executor.shutdown()
 
@@ -300,6 +368,8 @@ class LLM:
         place (``load_state_dict``, ``param.copy_``); writes through ``param.data``
         bump no version counter, so call it after those.
         """
+        if self.replicas:
+            return sum(r.reset_prefix_cache() for r in self.replicas)
         with self._lock:
             return self.pool.reset_prefix_cache()
 
@@ -346,12 +416,117 @@ class LLM:
         seed = check_seed(seed)
         if temperature < GREEDY_BELOW:
             temperature = 0.0
+        if self.replicas:
+            return self._generate_on_replicas(prompts, limits, temperature, seed, ignore_eos)
+        if self.data_parallel_size > 1:  # one replica of a launcher's job
+            return self._generate_as_one_replica(prompts, limits, temperature, seed, ignore_eos)
         with self._lock:
-            weights = self._weights_fingerprint()
-            if weights != self._weights_seen:
-                self.pool.reset_prefix_cache()
-                self._weights_seen = weights
-            return self._generate(prompts, limits, temperature, seed, ignore_eos)
+            return self._generate_here(prompts, limits, temperature, seed, ignore_eos)
+
+    def _generate_here(
+        self,
+        prompts: Sequence[Sequence[int]],
+        limits: list[int],
+        temperature: float,
+        seed: int | None,
+        ignore_eos: bool,
+        indices: Sequence[int] | None = None,
+    ) -> list[list[int]]:
+        """Generate on this engine's own ranks (the caller holds the lock)."""
+        weights = self._weights_fingerprint()
+        if weights != self._weights_seen:
+            self.pool.reset_prefix_cache()
+            self._weights_seen = weights
+        return self._generate(prompts, limits, temperature, seed, ignore_eos, indices)
+
+    def _generate_on_replicas(
+        self,
+        prompts: Sequence[Sequence[int]],
+        limits: list[int],
+        temperature: float,
+        seed: int | None,
+        ignore_eos: bool,
+    ) -> list[list[int]]:
+        """Spread the prompts over the replicas, run them side by side, and return the
+        outputs in prompt order; a replica that fails closes them all and is named."""
+        base = seed if seed is not None else secrets.randbits(63)
+        shares = spread(prompts, limits, len(self.replicas))
+        outputs: list[list[int]] = [[] for _ in prompts]
+        failures: dict[int, BaseException] = {}
+
+        def run(k: int, share: list[int]) -> None:
+            replica = self.replicas[k]
+            try:
+                with replica._lock:
+                    got = replica._generate_here(
+                        [prompts[i] for i in share],
+                        [limits[i] for i in share],
+                        temperature,
+                        base,
+                        ignore_eos,
+                        share,
+                    )
+            except BaseException as exc:  # named below, once every replica has ended
+                failures[k] = exc
+                return
+            for i, tokens in zip(share, got):
+                outputs[i] = tokens
+
+        with self._lock:
+            if not self.replicas:
+                raise RuntimeError("this LLM was closed; build a new one")
+            threads = [
+                threading.Thread(target=run, args=(k, share), name=f"tiny_engine-replica{k}")
+                for k, share in enumerate(shares)
+                if share
+            ]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join()
+            if failures:
+                dead = [k for k, e in failures.items() if "died" in str(e)]
+                k = dead[0] if dead else min(failures)
+                error = failures[k]
+                if not isinstance(error, Exception):
+                    raise error  # KeyboardInterrupt and alike go through as they are
+                if isinstance(error, RuntimeError):
+                    self.close()
+                    raise RuntimeError(
+                        f"data-parallel replica {k} of {self.data_parallel_size}: {error}; "
+                        "the other replicas were shut down"
+                    ) from error
+                raise error
+        return outputs
+
+    def _generate_as_one_replica(
+        self,
+        prompts: Sequence[Sequence[int]],
+        limits: list[int],
+        temperature: float,
+        seed: int | None,
+        ignore_eos: bool,
+    ) -> list[list[int]]:
+        """Under a launcher that started every replica's ranks: generate this replica's
+        share of the prompts, then gather every replica's outputs on every rank."""
+        executor = self.executor
+        if executor is None:
+            raise RuntimeError("this LLM was closed; build a new one")
+        worker = self._local_worker()
+        base = seed if seed is not None else secrets.randbits(63)
+        base = worker.broadcast_int(base)  # every replica seeds from the first one's
+        share = spread(prompts, limits, self.data_parallel_size)[getattr(executor, "replica", 0)]
+        with self._lock:
+            got = self._generate_here(
+                [prompts[i] for i in share],
+                [limits[i] for i in share],
+                temperature,
+                base,
+                ignore_eos,
+                share,
+            )
+        outputs: list[list[int]] = worker.gather_outputs(dict(zip(share, got)), len(prompts))
+        return outputs
 
     def _generate(
         self,
@@ -360,6 +535,7 @@ class LLM:
         temperature: float,
         seed: int | None,
         ignore_eos: bool,
+        indices: Sequence[int] | None = None,
     ) -> list[list[int]]:
         scheduler = Scheduler(
             self.pool,
@@ -368,14 +544,20 @@ class LLM:
             chunked_prefill=bool(self.config.scheduler.enable_chunked_prefill),
         )
         base = seed if seed is not None else secrets.randbits(63)
-        if self.executor_kind == "external_launcher" and temperature > 0:
+        launched = self.executor_kind == "external_launcher"
+        if launched and temperature > 0 and seed is None:
             # every rank samples for itself: they must all draw from rank 0's seed
             base = self._local_worker().broadcast_int(sequence_seed(base, -1))
+        # under a launcher, stages before the last have no logits: they take the tokens
+        # the last stage sampled
+        shared = launched and self.pipeline_parallel_size > 1
         seqs = []
         for i, prompt in enumerate(prompts):
             generator = None
             if temperature > 0:
-                generator = torch.Generator().manual_seed(sequence_seed(base, i))
+                # seeded by the prompt's place in the whole call (a replica's share too)
+                index = indices[i] if indices is not None else i
+                generator = torch.Generator().manual_seed(sequence_seed(base, index))
             seq = Seq(i, list(prompt), len(prompt), max_tokens[i], generator=generator)
             seqs.append(seq)
             scheduler.add(seq)
@@ -393,7 +575,11 @@ class LLM:
                     logits, rows = self._execute(step)
                     scheduler.finish_step(step)
                     sampled = [s for s, r in zip(step.seqs, rows) if r >= 0]
-                    tokens = iter(self._sample(logits, sampled, temperature))
+                    drawn = None if logits is None else self._sample(logits, sampled, temperature)
+                    if shared:
+                        drawn = self._local_worker().share_sampled(drawn, len(sampled))
+                    assert drawn is not None
+                    tokens = iter(drawn)
                     for seq, row in zip(step.seqs, rows):
                         if row < 0:
                             continue
@@ -428,13 +614,15 @@ class LLM:
             raise RuntimeError("this LLM was closed; build a new one")
         return worker
 
-    def _execute(self, step: Any) -> tuple[torch.Tensor, list[int]]:
-        """Run ``step`` on every rank; rank 0's (or this rank's) logits and rows."""
+    def _execute(self, step: Any) -> tuple[torch.Tensor | None, list[int]]:
+        """Run ``step`` on every rank; the last stage's first rank's logits (or this
+        rank's: None on a stage before the last) and rows."""
         if self.executor is None:
             raise RuntimeError("this LLM was closed; build a new one")
         if self.executor.local_worker is not None:
             return self.executor.local_worker.execute(StepInput.from_step(step))
-        logits, rows = self.executor.run("execute_on_driver", StepInput.from_step(step))[0]
+        results = self.executor.run("execute_on_driver", StepInput.from_step(step))
+        logits, rows = results[self.executor.driver_rank]
         return logits, rows
 
     @staticmethod
@@ -454,6 +642,8 @@ class LLM:
 
     # -- reporting ------------------------------------------------------------------------------
     def _compilation_state(self) -> dict[str, Any]:
+        if self.replicas:
+            return self.replicas[0]._compilation_state()
         if self.executor is None:
             return {}
         state: dict[str, Any] = self.executor.run("compilation_state")[0]
@@ -463,7 +653,14 @@ class LLM:
     def stats(self) -> dict[str, Any]:
         """What runs and how it went: platform, backend, graphs, cache, cumulative counters."""
         cfg, plat = self.config, self.platform
-        seconds = self._stats["generate_seconds"]
+        counters = dict(self._stats)
+        replicas = [r.stats for r in self.replicas]
+        if replicas:
+            # the replicas ran side by side: the call's time is the longest, not the sum
+            for name in counters:
+                if name != "generate_seconds":
+                    counters[name] = sum(r[name] for r in replicas)
+        seconds = counters["generate_seconds"]
         out: dict[str, Any] = {"platform": plat.name}
         if plat.simulated:
             out["profile"] = plat.profile
@@ -485,12 +682,16 @@ class LLM:
                 "chunked_prefill": bool(cfg.scheduler.enable_chunked_prefill),
                 "memory_in_use_bytes": max(self.memory.values()),
                 "tensor_parallel_size": self.tensor_parallel_size,
+                "pipeline_parallel_size": self.pipeline_parallel_size,
+                "data_parallel_size": self.data_parallel_size,
                 "executor": self.executor_kind,
-                **self._stats,
-                "prompt_tokens_per_s": self._stats["prompt_tokens"] / seconds if seconds else 0.0,
+                **counters,
+                "prompt_tokens_per_s": counters["prompt_tokens"] / seconds if seconds else 0.0,
                 "generated_tokens_per_s": (
-                    self._stats["generated_tokens"] / seconds if seconds else 0.0
+                    counters["generated_tokens"] / seconds if seconds else 0.0
                 ),
             }
         )
+        if replicas:
+            out["replicas"] = replicas
         return out

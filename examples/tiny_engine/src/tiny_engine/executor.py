@@ -35,7 +35,7 @@ from typing import Any
 from hwplug import ConfigError
 from tiny_engine.worker import Worker, WorkerSpec
 
-__all__ = ["EXECUTORS", "Executor", "make_executor"]
+__all__ = ["EXECUTORS", "Executor", "make_executor", "rank_name"]
 
 EXECUTORS = ("uni", "mp", "ray", "external_launcher")
 
@@ -45,12 +45,27 @@ _SHUTDOWN_SECONDS = 10.0
 """How long a rank may take to leave before it is terminated, then killed."""
 
 
+def rank_name(rank: int, spec: WorkerSpec) -> str:
+    """How an error names rank ``rank`` of ``spec``'s replica: its tensor-parallel rank,
+    and its pipeline stage when there are several."""
+    parallel = spec.config.parallel
+    tp, pp = parallel.tensor_parallel_size, parallel.pipeline_parallel_size
+    if pp == 1:
+        return f"tensor-parallel rank {rank} of {spec.world_size}"
+    return (
+        f"rank {rank} of {spec.world_size} (pipeline stage {rank // tp} of {pp}, "
+        f"tensor-parallel rank {rank % tp} of {tp})"
+    )
+
+
 class Executor:
     """Calls the ranks' workers; ``local_worker`` is the one in this process, if any."""
 
     kind = ""
     world_size = 1
     local_worker: Worker | None = None
+    driver_rank = 0
+    """The rank whose results the driver reads (the last pipeline stage's first)."""
 
     def run(self, method: str, *args: Any) -> list[Any]:
         """``method(*args)`` on every rank's worker; the results in rank order (only this
@@ -92,16 +107,23 @@ class ExternalLauncherExecutor(UniExecutor):
     kind = "external_launcher"
 
     def __init__(self, spec: WorkerSpec) -> None:
-        env = _launcher_environment(spec.world_size)
+        env = _launcher_environment(spec.world_size, spec.data_parallel_size)
         self.world_size = spec.world_size
-        self.rank = env["rank"]
+        self.replica = env["rank"] // spec.world_size
+        """The data-parallel replica this process serves (its ranks are consecutive)."""
+        self.rank = env["rank"] % spec.world_size
+        """This process's rank within its replica."""
         spec = dataclasses.replace(
-            spec, rank=env["rank"], local_rank=env["local_rank"], init_method="env://"
+            spec,
+            rank=env["rank"],
+            local_rank=env["local_rank"],
+            init_method="env://",
+            ranks_on_host=spec.ranks_on_host or env["world"],
         )
         super().__init__(spec)
 
 
-def _launcher_environment(world_size: int) -> dict[str, int]:
+def _launcher_environment(world_size: int, replicas: int = 1) -> dict[str, int]:
     """``rank``, ``world`` and ``local_rank`` as the launcher set them, once every variable
     a rank reads is set and in range (``MASTER_PORT`` too: torch reads it later).
 
@@ -118,10 +140,16 @@ def _launcher_environment(world_size: int) -> dict[str, int]:
             "is not set (run: torchrun --nproc-per-node N -m tiny_engine ...)"
         )
     world = _launcher_integer("WORLD_SIZE", 1, None, "a positive integer")
-    if world != world_size:
+    if world != world_size * replicas:
+        sizes = "tensor_parallel_size x pipeline_parallel_size"
+        wanted = f"parallel.world_size is {world_size} ({sizes})"
+        if replicas > 1:
+            wanted = (
+                f"the engine has {world_size * replicas} ranks (parallel.world_size "
+                f"{world_size} = {sizes}, times data_parallel_size {replicas})"
+            )
         raise ConfigError(
-            f"the launcher started WORLD_SIZE={world} ranks, but "
-            f"parallel.world_size is {world_size} (tensor_parallel_size); start as many "
+            f"the launcher started WORLD_SIZE={world} ranks, but {wanted}; start as many "
             "ranks as the engine has"
         )
     rank = _launcher_integer(
@@ -208,6 +236,8 @@ class MultiprocExecutor(Executor):
         import torch.multiprocessing as mp
 
         self.world_size = spec.world_size
+        self.spec = spec
+        self.driver_rank = _driver_rank(spec)
         ctx = mp.get_context("spawn")
         init = f"tcp://127.0.0.1:{_free_port()}"
         self.conns: list[Connection] = []
@@ -281,7 +311,7 @@ class MultiprocExecutor(Executor):
     def _fail(self, rank: int, what: str) -> None:
         self.shutdown()
         raise RuntimeError(
-            f"tensor-parallel rank {rank} of {self.world_size} ({self.kind} executor) {what}; "
+            f"{rank_name(rank, self.spec)} ({self.kind} executor) {what}; "
             "the other ranks were shut down"
         )
 
@@ -332,6 +362,12 @@ def _main_module_not_rerun() -> Any:
     finally:
         main.__dict__.pop("__spec__", None)
         main.__dict__.update(saved)
+
+
+def _driver_rank(spec: WorkerSpec) -> int:
+    """The replica rank whose logits the driver samples: the last stage's first rank."""
+    parallel = spec.config.parallel
+    return (parallel.pipeline_parallel_size - 1) * parallel.tensor_parallel_size
 
 
 def _dead(proc: Any) -> bool:
@@ -389,6 +425,8 @@ class RayExecutor(Executor):
         self._ray = ray
         self._remove = remove_placement_group
         self.world_size = spec.world_size
+        self.spec = spec
+        self.driver_rank = _driver_rank(spec)
         self._closed = False
         self.actors: list[Any] = []
         self.group: Any = None
@@ -460,7 +498,7 @@ class RayExecutor(Executor):
                         "RAY_AUTH_MODE=disabled here too)"
                     )
                 raise RuntimeError(
-                    f"tensor-parallel rank {rank} of {self.world_size} (ray executor) "
+                    f"{rank_name(rank, self.spec)} (ray executor) "
                     f"{failures[rank]}; the other ranks were shut down{hint}"
                 ) from None
         return ray.get(refs)
@@ -582,8 +620,8 @@ def make_executor(kind: str, spec: WorkerSpec) -> Executor:
         if spec.world_size != 1:
             raise ConfigError(
                 f"parallel.distributed_executor_backend='uni' runs one process, but the engine "
-                f"has {spec.world_size} ranks (parallel.tensor_parallel_size); use 'mp', "
-                "'ray' or 'external_launcher'"
+                f"has {spec.world_size} ranks (parallel.tensor_parallel_size x "
+                "pipeline_parallel_size); use 'mp', 'ray' or 'external_launcher'"
             )
         return UniExecutor(spec)
     if kind == "mp":

@@ -25,7 +25,7 @@ from hwplug.core import distributed
 from hwplug.kernels import linear
 from tiny_engine.checkpoint import CheckpointError, ModelSpec
 
-__all__ = ["CausalLM", "Sharding", "load_weights"]
+__all__ = ["CausalLM", "Sharding", "Stage", "load_weights", "pipeline_problem", "stage_layers"]
 
 
 class Sharding:
@@ -91,6 +91,59 @@ def sharding_problem(spec: ModelSpec, size: int) -> str | None:
             f"{spec.intermediate_size}; use a size that does"
         )
     return None
+
+
+def stage_layers(num_layers: int, size: int, index: int) -> tuple[int, int]:
+    """The decoder layers ``[start, end)`` of pipeline stage ``index`` of ``size``:
+    contiguous, their counts differing by at most one, the extra layers on the stages
+    before the last (which also computes the head), as the reference engine splits."""
+    counts = [num_layers // size] * size
+    for i in range(num_layers % size):
+        counts[-2 - i if size > 1 else 0] += 1
+    start = sum(counts[:index])
+    return start, start + counts[index]
+
+
+def pipeline_problem(spec: ModelSpec, size: int) -> str | None:
+    """Why ``spec``'s model cannot be split into ``size`` pipeline stages, or None."""
+    if size > spec.num_layers:
+        return (
+            f"parallel.pipeline_parallel_size={size} is more stages than the checkpoint's "
+            f"{spec.num_layers} decoder layers; use at most {spec.num_layers}"
+        )
+    return None
+
+
+class Stage:
+    """This rank's pipeline stage (SPEC 15): the decoder layers ``[start, end)`` it
+    holds, the embedding on the first stage, the final norm and the head on the last.
+    With one stage it is the whole model."""
+
+    def __init__(self, spec: ModelSpec, index: int = 0, size: int = 1) -> None:
+        problem = pipeline_problem(spec, size)
+        if problem is not None:
+            raise CheckpointError(problem)
+        self.index, self.size = index, size
+        self.start, self.end = stage_layers(spec.num_layers, size, index)
+
+    @property
+    def is_first(self) -> bool:
+        return self.index == 0
+
+    @property
+    def is_last(self) -> bool:
+        return self.index == self.size - 1
+
+    def holds_layer(self, layer: int) -> bool:
+        return self.start <= layer < self.end
+
+    def __repr__(self) -> str:
+        return f"Stage({self.index} of {self.size}: layers {self.start}..{self.end - 1})"
+
+
+class MissingLayer(nn.Module):
+    """The place of a decoder layer another pipeline stage holds: no parameters, never
+    called (the checkpoint's names keep their layer numbers)."""
 
 
 class RMSNorm(nn.Module):
@@ -326,6 +379,10 @@ class CausalLM(nn.Module):
     ``linear_backend``; see :func:`hwplug.kernels.linear`).
     """
 
+    embed_tokens: VocabEmbedding | None
+    norm: RMSNorm | None
+    lm_head: Linear | None
+
     def __init__(
         self,
         spec: ModelSpec,
@@ -334,49 +391,70 @@ class CausalLM(nn.Module):
         shard: Sharding | None = None,
         *,
         linear_backend: str = "torch",
+        stage: Stage | None = None,
     ) -> None:
         super().__init__()
         shard = shard or Sharding(spec)
+        stage = stage or Stage(spec)
         self.spec = spec
         self.shard = shard
-        self.embed_tokens = VocabEmbedding(spec, shard)
+        self.stage = stage
+        self.embed_tokens = VocabEmbedding(spec, shard) if stage.is_first else None
         # One rotary table shared by every layer (not a parameter: no weight in checkpoints).
         rotary = Rotary(spec, max_positions)
-        layers = [DecoderLayer(spec, i, rotary, backend, shard) for i in range(spec.num_layers)]
+        layers: list[nn.Module] = [
+            DecoderLayer(spec, i, rotary, backend, shard)
+            if stage.holds_layer(i)
+            else MissingLayer()
+            for i in range(spec.num_layers)
+        ]
         self.layers = nn.ModuleList(layers)
-        self._attention = [layer.self_attn for layer in layers]
-        self.norm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
-        self.lm_head = Linear(spec.hidden_size, shard.vocab_per_rank, bias=False)
+        self._own = [layer for layer in layers if isinstance(layer, DecoderLayer)]
+        self._attention = [layer.self_attn for layer in self._own]
+        self.norm = RMSNorm(spec.hidden_size, spec.rms_norm_eps) if stage.is_last else None
+        self.lm_head = (
+            Linear(spec.hidden_size, shard.vocab_per_rank, bias=False) if stage.is_last else None
+        )
         for module in self.modules():
             if isinstance(module, Linear):
                 module.gemm = linear_backend
 
     def forward(
         self,
-        input_ids: torch.Tensor,
+        inputs: torch.Tensor,
         positions: torch.Tensor,
         query_start_loc: torch.Tensor,
         seq_lens: torch.Tensor,
         block_table: torch.Tensor,
         slot_mapping: torch.Tensor,
     ) -> torch.Tensor:
-        """Hidden states after the final norm, ``[num_tokens, hidden_size]``.
+        """This stage's output ``[num_tokens, hidden_size]``: the hidden states after the
+        final norm on the last stage, else after the stage's last layer.
 
-        The last four arguments are the step's attention metadata (SPEC 12).
+        ``inputs`` are the token ids on the first stage, the previous stage's hidden
+        states on the others. The last four arguments are the step's attention
+        metadata (SPEC 12).
         """
         metadata = AttentionMetadata(query_start_loc, seq_lens, block_table, slot_mapping)
-        x = self.embed_tokens(input_ids)
-        for layer in self.layers:
+        x = self.embed_tokens(inputs) if self.embed_tokens is not None else inputs
+        for layer in self._own:
             x = layer(positions, x, metadata)
-        return self.norm(x)
+        return self.norm(x) if self.norm is not None else x
 
     def attention_layers(self) -> list[SelfAttention]:
-        """Every layer's attention, in order."""
+        """The attention of every layer this stage holds, in order."""
         return list(self._attention)
+
+    @property
+    def hidden_dtype(self) -> torch.dtype:
+        """The dtype of the hidden states that travel between stages."""
+        return self._own[0].input_layernorm.weight.dtype
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """float32 logits ``[rows, vocab_size]`` of the given hidden states (every rank
-        gathers the whole vocabulary)."""
+        gathers the whole vocabulary); the last stage only."""
+        if self.lm_head is None:
+            raise RuntimeError(f"{self.stage!r} has no head: the last stage computes the logits")
         local = self.lm_head(hidden).float()
         if not self.shard.parallel:
             return local
@@ -433,7 +511,13 @@ def load_weights(
             if target is None:
                 continue
             pname, slot = target
+            if pname == "embed_tokens.weight" and model.embed_tokens is None:
+                if model.lm_head is None or not spec.tie_word_embeddings:
+                    continue  # another stage's embedding
+                pname = "lm_head.weight"  # the tied head of a last stage without the embedding
             param = params.get(pname)
+            if param is None and _elsewhere(pname, model):
+                continue  # a tensor another pipeline stage holds
             if param is None:
                 raise CheckpointError(
                     f"{where}: checkpoint tensor {name!r} has no place in a "
@@ -458,7 +542,12 @@ def load_weights(
             # copy first and then a second pass)
             dest.copy_(_local_part(pname, slot, tensor, shard, spec))
             loaded.setdefault(pname, set()).add(slot)
-        if "lm_head.weight" not in loaded and spec.tie_word_embeddings:
+        if (
+            "lm_head.weight" not in loaded
+            and spec.tie_word_embeddings
+            and model.lm_head is not None
+            and model.embed_tokens is not None
+        ):
             model.lm_head.weight = cast(nn.Parameter, model.embed_tokens.weight)
             loaded["lm_head.weight"] = {None}
     slots_needed = {"qkv_proj": {0, 1, 2}, "gate_up_proj": {0, 1}}
@@ -472,6 +561,23 @@ def load_weights(
             f"{spec.path}: the checkpoint lacks {len(missing)} weight(s) the model needs, "
             f"such as {missing[0]!r}"
         )
+
+
+def _elsewhere(pname: str, model: CausalLM) -> bool:
+    """Whether parameter ``pname`` belongs to a part of the model another pipeline stage
+    holds (a decoder layer outside this stage, the final norm or the head)."""
+    if pname.startswith("layers."):
+        index = pname.split(".", 2)[1]
+        return (
+            index.isdigit()
+            and int(index) < model.spec.num_layers
+            and not (model.stage.holds_layer(int(index)))
+        )
+    if pname.startswith("norm."):
+        return model.norm is None
+    if pname.startswith("lm_head."):
+        return model.lm_head is None
+    return False
 
 
 def _full_shape(

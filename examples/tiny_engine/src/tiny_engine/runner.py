@@ -29,6 +29,7 @@ import torch
 from hwplug.attention import AttentionMetadata, forward_context, get_backend
 from hwplug.compilation import BackgroundCompilation, compile_model
 from hwplug.core.config import CUDAGraphMode, EngineConfig
+from hwplug.core.distributed import DeviceCommunicator
 from hwplug.core.graphs import (
     BatchDescriptor,
     GraphBackend,
@@ -106,8 +107,15 @@ class ModelRunner:
         *,
         compile_model: bool = True,
         background: bool = False,
+        pipe: DeviceCommunicator | None = None,
     ) -> None:
         self.model = model
+        self.stage = model.stage
+        self.pipe = pipe
+        """The communicator of this rank's pipeline group (stages send hidden states to the
+        next over it; ranks in it are stage numbers); None with one stage."""
+        if self.stage.size > 1 and pipe is None:
+            raise ValueError(f"{self.stage!r} needs its pipeline group's communicator (pipe=)")
         self.config = config
         self.platform = platform
         self.device = device
@@ -130,6 +138,14 @@ class ModelRunner:
             return torch.zeros(shape, dtype=dtype, device=device)
 
         self.input_ids = buffer(self.max_tokens, dtype=torch.int64)
+        self.hidden_in: torch.Tensor | None = None
+        """Where a stage after the first receives the previous stage's hidden states (its
+        model's input in place of the token ids)."""
+        if not self.stage.is_first:
+            hidden = model.spec.hidden_size
+            self.hidden_in = torch.zeros(
+                self.max_tokens, hidden, dtype=model.hidden_dtype, device=device
+            )
         self.positions = buffer(self.max_tokens, dtype=torch.int64)
         self.metadata_buffers = AttentionMetadata(
             query_start_loc=buffer(self.max_num_seqs + 1, dtype=torch.int32),
@@ -192,7 +208,8 @@ class ModelRunner:
         metadata = AttentionMetadata(
             like(m.query_start_loc), like(m.seq_lens), like(m.block_table), like(m.slot_mapping)
         )
-        return like(self.input_ids), like(self.positions), metadata
+        first = self.input_ids if self.hidden_in is None else self.hidden_in
+        return like(first), like(self.positions), metadata
 
     def _step_inputs(
         self,
@@ -210,13 +227,14 @@ class ModelRunner:
         Returns the model's arguments (views of the buffers) and the prepared
         attention step the model's layers run with (``forward_context``).
         """
-        input_ids, position_buf, metadata_buffers = buffers or (
-            self.input_ids,
+        inputs, position_buf, metadata_buffers = buffers or (
+            self.input_ids if self.hidden_in is None else self.hidden_in,
             self.positions,
             self.metadata_buffers,
         )
         n, nb = len(ids), self._pin
-        input_ids[:n].copy_(self._host(ids, torch.int64), non_blocking=nb)
+        if self.hidden_in is None:  # a later stage's input comes from the previous stage
+            inputs[:n].copy_(self._host(ids, torch.int64), non_blocking=nb)
         position_buf[:n].copy_(self._host(positions, torch.int64), non_blocking=nb)
         metadata = AttentionMetadata.build(
             query_lens, seq_lens, tables, slots, device=self.device, out=metadata_buffers
@@ -226,7 +244,7 @@ class ModelRunner:
             metadata, num_blocks=int(cache.shape[0]), block_size=int(cache.shape[1])
         )
         args = (
-            input_ids[:n],
+            inputs[:n],
             position_buf[:n],
             metadata.query_start_loc,
             metadata.seq_lens,
@@ -344,14 +362,33 @@ class ModelRunner:
                     return graph(*args)
             return self.compiled(*args)
 
-    def execute(self, step: StepInput | Step) -> tuple[torch.Tensor, list[int]]:
+    def execute(self, step: StepInput | Step) -> tuple[torch.Tensor | None, list[int]]:
         """Run ``step``; returns float32 logits of the sampled rows and, per sequence,
-        its row in them (-1: nothing to sample)."""
+        its row in them (-1: nothing to sample).
+
+        A pipeline stage after the first receives its input (the previous stage's
+        hidden states, as many rows as the step's padded tokens) before it runs; a
+        stage before the last sends its output to the next and returns no logits.
+        """
         if isinstance(step, Step):
             step = StepInput.from_step(step)
         mode, key, args, prepared, rows = self.prepare(step)
+        stage, pipe = self.stage, self.pipe
+        # the step's real tokens travel, not the padding: stages may pad differently
+        # (a host step graph one of them could not build), and padded rows are ignored
+        num_tokens = sum(len(t) for t in step.tokens)
+        if pipe is not None and not stage.is_first:
+            pipe.recv(args[0][:num_tokens], stage.index - 1)
         with forward_context(prepared):
             hidden = self.forward(mode, key, args)
+        order: list[int] = []
+        k = 0
+        for r in rows:
+            order.append(k if r >= 0 else -1)
+            k += r >= 0
+        if pipe is not None and not stage.is_last:
+            pipe.send(hidden[:num_tokens].contiguous(), stage.index + 1)
+            return None, order
         wanted = [r for r in rows if r >= 0]
         if len(wanted) == hidden.shape[0] and wanted == list(range(len(wanted))):
             sampled = hidden  # every row, in order (a decode step): no gather
@@ -359,11 +396,6 @@ class ModelRunner:
             index = torch.tensor(wanted, dtype=torch.int64, device=self.device)
             sampled = hidden.index_select(0, index)
         logits = self.model.logits(sampled)
-        order: list[int] = []
-        k = 0
-        for r in rows:
-            order.append(k if r >= 0 else -1)
-            k += r >= 0
         if self.background is not None:
             self.background.start()  # held until the first step is done (see warm_up)
         return logits, order

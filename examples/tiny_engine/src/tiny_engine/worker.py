@@ -32,7 +32,7 @@ from hwplug.core.kv_cache import (
 )
 from hwplug.core.platform import Platform
 from tiny_engine.checkpoint import iter_weights, read_checkpoint
-from tiny_engine.model import CausalLM, Sharding, load_weights
+from tiny_engine.model import CausalLM, Sharding, Stage, load_weights
 from tiny_engine.runner import ModelRunner, StepInput
 
 __all__ = ["Worker", "WorkerSpec"]
@@ -55,13 +55,22 @@ class WorkerSpec:
     device: str | None = None
     """A torch device for the tensors; None: the platform's device of the local rank."""
     rank: int = 0
+    """This rank in the process group it joins (in the whole launched world when
+    ``data_parallel_size`` replicas share it)."""
     world_size: int = 1
+    """The ranks of one replica: tensor x pipeline parallel size."""
     local_rank: int = 0
     init_method: str = "env://"
     """Where the ranks meet (``tcp://host:port``, or ``env://`` under a launcher)."""
+    data_parallel_size: int = 1
+    """Replicas in this rank's process group: more than one only when one launcher
+    (torchrun) started every replica's ranks; executors that start each replica
+    themselves give every replica a world of its own."""
+    ranks_on_host: int = 0
+    """Ranks of every replica that share this host's cores (0: ``world_size``)."""
 
 
-def _share_the_cpus(world_size: int) -> None:
+def _share_the_cpus(ranks: int) -> None:
     """Ranks on one host's CPUs each take their share of its cores (unless
     ``OMP_NUM_THREADS`` says otherwise): more threads than cores make every rank
     spin against the others, and a collective waits for the slowest."""
@@ -73,7 +82,7 @@ def _share_the_cpus(world_size: int) -> None:
         cores = len(os.sched_getaffinity(0))
     except AttributeError:  # not on Linux
         cores = os.cpu_count() or 1
-    torch.set_num_threads(max(1, cores // world_size))
+    torch.set_num_threads(max(1, cores // ranks))
 
 
 class Worker:
@@ -91,19 +100,37 @@ class Worker:
         else:
             self.device = plat.torch_device(0 if plat.device_type == "cpu" else spec.local_rank)
         self.live = not plat.simulated and self.device.type == plat.device_type
-        if self.world_size > 1 and self.device.type == "cpu":
-            _share_the_cpus(spec.world_size)
-        if self.world_size > 1:
+        parallel = self.config.parallel
+        self.tp_size = parallel.tensor_parallel_size
+        self.pp_size = parallel.pipeline_parallel_size
+        sharing = spec.ranks_on_host or spec.world_size
+        if sharing > 1 and self.device.type == "cpu":
+            _share_the_cpus(sharing)
+        launched = spec.world_size * spec.data_parallel_size
+        self.mesh: distributed.ModelParallelGroups | None = None
+        """This rank's tensor- and pipeline-parallel groups (None with one rank)."""
+        if launched > 1:
             group = plat.init_distributed(
                 spec.rank,
-                spec.world_size,
+                launched,
                 local_rank=spec.local_rank,
                 init_method=spec.init_method,
             )
-            self.communicator = plat.device_communicator(group)
-            distributed.register_communicator(TP_GROUP, self.communicator)
+            self.mesh = plat.init_model_parallel(
+                self.tp_size, self.pp_size, data_parallel_size=spec.data_parallel_size
+            )
+            self.world_communicator = plat.device_communicator(group)
+            """Every rank the launcher started (every replica's, under torchrun)."""
+            self.communicator = self.mesh.replica_communicator or self.world_communicator
+            """This replica's ranks."""
+            distributed.register_communicator(TP_GROUP, self.mesh.tp_communicator)
+            self.rank = self.mesh.rank
         elif self.live:
             plat.set_device(spec.local_rank)
+        self.tp_rank = self.mesh.tp_rank if self.mesh is not None else 0
+        self.pp_rank = self.mesh.pp_rank if self.mesh is not None else 0
+        self.driver_rank = (self.pp_size - 1) * self.tp_size
+        """The replica rank whose logits the driver samples: the last stage's first."""
         self.dtype = STR_DTYPE_TO_TORCH_DTYPE[self.config.model.dtype]
         self.cache_dtype = cache_dtype_to_torch(
             self.config.cache.cache_dtype, self.config.model.dtype, plat
@@ -124,7 +151,8 @@ class Worker:
         with hwplug.use_platform(plat), torch.inference_mode():
             if self.live:
                 plat.seed_everything(0)
-            shard = Sharding(spec, self.rank, self.world_size, TP_GROUP)
+            shard = Sharding(spec, self.tp_rank, self.tp_size, TP_GROUP)
+            stage = Stage(spec, self.pp_rank, self.pp_size)
             default_dtype = torch.get_default_dtype()
             torch.set_default_dtype(self.dtype)
             try:
@@ -137,6 +165,7 @@ class Worker:
                         cfg.model.max_model_len,
                         shard,
                         linear_backend=plat.linear_backend,
+                        stage=stage,
                     )
                     load_weights(self.model, iter_weights(spec.path))
             finally:
@@ -146,7 +175,9 @@ class Worker:
             if self.live and needs_memory_profile(cfg, plat):
                 block_size = int(cfg.cache.block_size or 16)
                 self.allocate_cache(1, block_size)
-                runner = ModelRunner(self.model, cfg, plat, self.device, compile_model=False)
+                runner = ModelRunner(
+                    self.model, cfg, plat, self.device, compile_model=False, pipe=self._pipe()
+                )
                 runner.profile_run(cfg.scheduler.max_num_batched_tokens)
                 self.memory["after_profile"] = self._memory_in_use()
         return self._most_over_ranks(self.memory)
@@ -176,7 +207,9 @@ class Worker:
             scales = is_fp8_cache(cfg.cache.cache_dtype) and cfg.cache.calculate_kv_scales
             # The fp8 scale step flips a flag the model's code reads: compile before it.
             background = not scales and compiles_in_background(cfg, world_size=self.world_size)
-            self.runner = ModelRunner(self.model, cfg, plat, self.device, background=background)
+            self.runner = ModelRunner(
+                self.model, cfg, plat, self.device, background=background, pipe=self._pipe()
+            )
             level = int(cfg.compilation.level or 0)
             if background:
                 logger.info("compiling the model (level %d) in the background", level)
@@ -209,17 +242,53 @@ class Worker:
         return self.runner.compilation_state()
 
     # -- running --------------------------------------------------------------------------
-    def execute(self, step: StepInput) -> tuple[torch.Tensor, list[int]]:
-        """Run one step; returns the float32 logits of the rows to sample (every rank
-        has the whole vocabulary) and, per sequence, its row in them (-1: none)."""
+    def execute(self, step: StepInput) -> tuple[torch.Tensor | None, list[int]]:
+        """Run one step; returns the float32 logits of the rows to sample (every rank of
+        the last pipeline stage has the whole vocabulary; the other stages None) and,
+        per sequence, its row in them (-1: none)."""
         assert self.runner is not None
         with hwplug.use_platform(self.platform), torch.inference_mode():
             return self.runner.execute(step)
 
     def execute_on_driver(self, step: StepInput) -> tuple[torch.Tensor | None, list[int]]:
-        """:meth:`execute` for a driver in another process: rank 0's logits, on the CPU."""
+        """:meth:`execute` for a driver in another process: the logits of
+        :attr:`driver_rank` (the last stage's first rank), on the CPU."""
         logits, rows = self.execute(step)
-        return (logits.cpu() if self.rank == 0 else None), rows  # type: ignore[return-value]
+        mine = self.rank == self.driver_rank and logits is not None
+        return (logits.cpu() if mine else None), rows  # type: ignore[union-attr]
+
+    def share_sampled(self, tokens: list[int] | None, count: int) -> list[int]:
+        """The ``count`` tokens :attr:`driver_rank` sampled, on every rank of the replica
+        (under a launcher the stages before the last have no logits to sample)."""
+        if self.world_size == 1 or self.pp_size == 1:
+            assert tokens is not None
+            return tokens
+        t = torch.zeros(count, dtype=torch.int64, device=self.device)
+        if self.rank == self.driver_rank:
+            assert tokens is not None
+            assert len(tokens) == count
+            t.copy_(torch.tensor(tokens, dtype=torch.int64))
+        return [int(v) for v in self.communicator.broadcast(t, src=self.driver_rank).tolist()]
+
+    def gather_outputs(self, mine: dict[int, list[int]], count: int) -> list[list[int]]:
+        """Every replica's outputs, on every rank the launcher started: ``mine`` maps this
+        replica's prompt indices (of ``count`` prompts) to their tokens. Each replica's
+        first rank contributes; the others add zeros."""
+        if self.mesh is None or self.mesh.dp_size == 1:
+            return [mine[i] for i in range(count)]
+        contributes = self.rank == 0
+        lengths = torch.zeros(count, dtype=torch.int64, device=self.device)
+        if contributes:
+            for i, tokens in mine.items():
+                lengths[i] = len(tokens)
+        lengths = self.world_communicator.all_reduce(lengths)
+        longest = max(1, int(lengths.max()))
+        table = torch.zeros(count, longest, dtype=torch.int64, device=self.device)
+        if contributes:
+            for i, tokens in mine.items():
+                table[i, : len(tokens)] = torch.tensor(tokens, dtype=torch.int64)
+        table = self.world_communicator.all_reduce(table).cpu()
+        return [table[i, : int(n)].tolist() for i, n in enumerate(lengths.tolist())]
 
     def weights_fingerprint(self) -> tuple[tuple[int, int], ...]:
         """Where each parameter lives and its version counter (what in-place updates and
@@ -229,10 +298,10 @@ class Worker:
 
     def broadcast_int(self, value: int) -> int:
         """Rank 0's ``value`` on every rank (a seed every rank must share)."""
-        if self.world_size == 1:
+        if self.mesh is None:
             return value
         t = torch.tensor([value], dtype=torch.int64, device=self.device)
-        return int(self.communicator.broadcast(t, src=0).item())
+        return int(self.world_communicator.broadcast(t, src=0).item())
 
     def ping(self) -> int:
         """This rank (a liveness check)."""
@@ -250,11 +319,15 @@ class Worker:
         process group."""
         if self.runner is not None:
             self.runner.cancel_compilation()
-        if self.world_size > 1:
+        if self.mesh is not None:
             distributed.register_communicator(TP_GROUP, None)
             self.platform.destroy_distributed()
 
     # -- helpers ----------------------------------------------------------------------------
+    def _pipe(self) -> distributed.DeviceCommunicator | None:
+        """The pipeline group's communicator, with more than one stage."""
+        return self.mesh.pp_communicator if self.mesh is not None and self.pp_size > 1 else None
+
     def _memory_in_use(self) -> int:
         """The most bytes this process has held on the device (0 where it is not real)."""
         if not self.live:
