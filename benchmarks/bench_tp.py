@@ -1,25 +1,32 @@
-"""tiny_engine at one tensor-parallel rank against two (``mp`` executor), on CPU.
+"""tiny_engine on a mesh of ranks (tensor x pipeline x data parallel) against one rank, on CPU.
 
 Writes a small random Llama checkpoint, then generates greedily for the same
-prompts with ``parallel.tensor_parallel_size`` 1 and 2, the engines taking
+prompts with each layout of ``--layouts`` (default ``tp1,tp2,pp2,dp2``; also
+``tp2xpp2`` and ``dp2xtp2``, four processes), ``mp`` ranks, the engines taking
 turns in this process (each timing the best of ``--repeats`` runs on fresh
-prompts). Prints JSON: end-to-end tokens/s of each, the ratio TP=2 / TP=1,
-the steps each ran and the time per step, and whether the two generated the
-same tokens.
+prompts). Prints JSON: per layout, end-to-end tokens/s, the ratio to one
+rank, the steps (the most any replica ran) and the time per step, and whether
+its tokens equal one rank's; then what a stage transfer and a replica cost
+here, and the arithmetic for hosts with cores of their own.
 
-On a 2-core machine two ranks split the same two cores, so no gain is
-expected: the figure is the cost per step of the collectives (two
-all-reduces per layer, one all-reduce for the embedding and one all-gather
-for the logits) and of the driver talking to the ranks.
+On a 2-core machine every layout's ranks split the same two cores, so no
+gain is expected: the figures are the costs. Tensor parallelism adds its
+collectives (two all-reduces per layer, one for the embedding and an
+all-gather for the logits); a pipeline adds one send of the hidden states
+per stage boundary and step, and its stages wait for each other; replicas
+share the cores and the driver.
 
-``python benchmarks/bench_tp.py [--layers 4 --hidden 512 --batch 8 --prompt-len 64
---max-tokens 32 --repeats 3]``
+``python benchmarks/bench_tp.py [--layouts tp1,tp2,pp2,dp2 --layers 4 --hidden 512
+--batch 8 --prompt-len 64 --max-tokens 32 --repeats 3]``
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
+import os
+import re
 import sys
 import tempfile
 import time
@@ -28,9 +35,33 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 
+LAYOUT = re.compile(r"^(?:(?:tp|pp|dp)\d+)(?:x(?:tp|pp|dp)\d+)*$")
+
+
+def parse_layout(name: str) -> dict[str, int]:
+    """``tp2xpp2`` -> the ``parallel`` section; ValueError for a malformed name."""
+    if not LAYOUT.match(name):
+        raise ValueError(
+            f"layout {name!r} is not like tp2, pp2, dp2 or tp2xpp2 (parts tpN, ppN, dpN "
+            "joined by x)"
+        )
+    keys = {
+        "tp": "tensor_parallel_size",
+        "pp": "pipeline_parallel_size",
+        "dp": "data_parallel_size",
+    }
+    parallel: dict[str, int] = {}
+    for part in name.split("x"):
+        key, size = keys[part[:2]], int(part[2:])
+        if size < 1 or key in parallel:
+            raise ValueError(f"layout {name!r}: {part} repeats a part or is below 1")
+        parallel[key] = size
+    return parallel
+
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--layouts", default="tp1,tp2,pp2,dp2")
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--hidden", type=int, default=512)
     parser.add_argument("--heads", type=int, default=8)
@@ -45,6 +76,13 @@ def main(argv: list[str] | None = None) -> int:
     sizes = (args.layers, args.hidden, args.heads, args.kv_heads, args.vocab, args.batch)
     if min(*sizes, args.prompt_len, args.max_tokens, args.repeats) < 1:
         parser.error("every size and count must be positive")
+    names = [n.strip() for n in args.layouts.split(",") if n.strip()]
+    try:
+        layouts = {name: parse_layout(name) for name in names}
+    except ValueError as exc:
+        parser.error(str(exc))
+    if "tp1" not in layouts:
+        layouts = {"tp1": {"tensor_parallel_size": 1}, **layouts}  # the baseline
     try:
         import tiny_engine  # noqa: F401
     except ImportError:
@@ -65,67 +103,119 @@ def main(argv: list[str] | None = None) -> int:
             max_positions=args.prompt_len + args.max_tokens + 1,
             init_std=0.05,
         )
-        engines: dict[int, Any] = {}
-        for size in (1, 2):
-            config = {
-                "model": {"dtype": "float32", "enforce_eager": args.eager},
-                "cache": {"kv_cache_memory_bytes": 256 << 20},
-                "parallel": {"tensor_parallel_size": size},
-            }
-            engines[size] = LLM(path, config=config)
-            engines[size].wait_compiled()  # one rank may compile in the background
-        gen = torch.Generator().manual_seed(0)
-        results: dict[int, dict[str, Any]] = {
-            1: {"best_s": float("inf")},
-            2: {"best_s": float("inf")},
-        }
-        same = True
+        engines: dict[str, Any] = {}
         try:
+            for name, parallel in layouts.items():
+                ranks = math.prod(parallel.values())
+                config = {
+                    "model": {"dtype": "float32", "enforce_eager": args.eager},
+                    "cache": {"kv_cache_memory_bytes": 256 << 20},
+                    "parallel": {
+                        **parallel,
+                        "distributed_executor_backend": "uni" if ranks == 1 else "mp",
+                    },
+                }
+                engines[name] = LLM(path, config=config)
+                engines[name].wait_compiled()  # one rank may compile in the background
+            gen = torch.Generator().manual_seed(0)
+            results = {name: {"best_s": float("inf")} for name in engines}
+            same = dict.fromkeys(engines, True)
             for _ in range(args.repeats):
                 prompts = torch.randint(
                     3, args.vocab, (args.batch, args.prompt_len), generator=gen
                 ).tolist()
                 outputs = {}
-                for size, llm in engines.items():
-                    steps_before = llm.stats["steps"]
+                for name, llm in engines.items():
+                    before = _steps(llm.stats)
                     start = time.perf_counter()
-                    outputs[size] = llm.generate(
+                    outputs[name] = llm.generate(
                         prompts, max_tokens=args.max_tokens, ignore_eos=True
                     )
                     seconds = time.perf_counter() - start
-                    steps = llm.stats["steps"] - steps_before
-                    if seconds < results[size]["best_s"]:
-                        results[size] = {"best_s": seconds, "steps": steps}
-                same = same and outputs[1] == outputs[2]
+                    steps = _steps(llm.stats) - before
+                    if seconds < results[name]["best_s"]:
+                        results[name] = {"best_s": seconds, "steps": steps}
+                for name in engines:
+                    same[name] = same[name] and outputs[name] == outputs["tp1"]
         finally:
             for llm in engines.values():
                 llm.close()
     tokens = args.batch * args.max_tokens
     report: dict[str, Any] = {
-        "benchmark": "tensor_parallel",
+        "benchmark": "mesh",
         "device": "cpu",
-        "threads": torch.get_num_threads(),
+        "cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
         "model": {"layers": args.layers, "hidden": args.hidden, "vocab": args.vocab},
         "workload": {
             "batch": args.batch,
             "prompt_len": args.prompt_len,
             "max_tokens": args.max_tokens,
         },
+        "layouts": {},
     }
-    for size in (1, 2):
-        best = results[size]
-        report[f"tp{size}"] = {
+    for name, parallel in layouts.items():
+        best = results[name]
+        report["layouts"][name] = {
+            "parallel": parallel,
+            "ranks": math.prod(parallel.values()),
             "tokens_per_s": tokens / best["best_s"],
             "seconds": best["best_s"],
             "steps": best["steps"],
             "ms_per_step": 1e3 * best["best_s"] / max(1, best["steps"]),
+            "same_tokens_as_tp1": same[name],
         }
-    report["ratio"] = report["tp2"]["tokens_per_s"] / report["tp1"]["tokens_per_s"]
-    report["extra_ms_per_step"] = report["tp2"]["ms_per_step"] - report["tp1"]["ms_per_step"]
-    report["same_tokens"] = same
+    base = report["layouts"]["tp1"]
+    for entry in report["layouts"].values():
+        entry["ratio_to_tp1"] = entry["tokens_per_s"] / base["tokens_per_s"]
+        entry["extra_ms_per_step"] = entry["ms_per_step"] - base["ms_per_step"]
+    report["costs_here"] = _costs(report["layouts"])
+    report["on_hosts_of_their_own"] = _arithmetic(report["layouts"])
     json.dump(report, sys.stdout, indent=2)
     print()
     return 0
+
+
+def _steps(stats: dict[str, Any]) -> int:
+    """Steps run so far: the most any replica ran (replicas run side by side)."""
+    replicas = stats.get("replicas")
+    return max(r["steps"] for r in replicas) if replicas else int(stats["steps"])
+
+
+def _costs(layouts: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """What a stage boundary and a replica cost on this machine, from the figures."""
+    out: dict[str, Any] = {}
+    for name, entry in layouts.items():
+        parallel = entry["parallel"]
+        pp = parallel.get("pipeline_parallel_size", 1)
+        if pp > 1 and parallel.get("tensor_parallel_size", 1) == 1:
+            # one send per boundary per step, plus the stages waiting for each other
+            out[f"{name}_ms_per_stage_boundary_per_step"] = entry["extra_ms_per_step"] / (pp - 1)
+        dp = parallel.get("data_parallel_size", 1)
+        if dp > 1:
+            out[f"{name}_throughput_per_replica_vs_tp1"] = entry["ratio_to_tp1"] / dp
+    return out
+
+
+def _arithmetic(layouts: dict[str, dict[str, Any]]) -> dict[str, str]:
+    """What the figures imply where every rank has cores of its own (not a measurement)."""
+    base = layouts["tp1"]["ms_per_step"]
+    out = {}
+    for name, entry in layouts.items():
+        parallel = entry["parallel"]
+        tp = parallel.get("tensor_parallel_size", 1)
+        pp = parallel.get("pipeline_parallel_size", 1)
+        dp = parallel.get("data_parallel_size", 1)
+        if name == "tp1":
+            continue
+        overhead = max(0.0, entry["extra_ms_per_step"])
+        step = base / tp + overhead if tp > 1 else base + overhead
+        out[name] = (
+            f"a step ~ {base:.1f} ms / tp {tp} + {overhead:.1f} ms of communication = "
+            f"{step:.1f} ms (a pipeline's stages run one after another: the whole model's "
+            f"compute per step, 1/{pp} of its weights per host); {dp} replica(s) x "
+            f"{1e3 / step:.0f} steps/s"
+        )
+    return out
 
 
 if __name__ == "__main__":

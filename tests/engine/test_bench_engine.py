@@ -65,9 +65,9 @@ def test_cuda_without_a_gpu_is_one_line_and_status_2() -> None:
 
 
 @pytest.mark.slow
-def test_the_tensor_parallel_benchmark_runs_both_sizes() -> None:
+def test_the_mesh_benchmark_runs_every_layout_with_one_ranks_tokens() -> None:
     script = REPO / "benchmarks" / "bench_tp.py"
-    small = ["--layers", "1", "--hidden", "64", "--heads", "4", "--kv-heads", "2"]
+    small = ["--layers", "2", "--hidden", "64", "--heads", "4", "--kv-heads", "2"]
     small += ["--vocab", "256", "--batch", "2", "--prompt-len", "4", "--max-tokens", "2"]
     result = subprocess.run(
         [sys.executable, str(script), *small, "--repeats", "1", "--eager"],
@@ -78,5 +78,24 @@ def test_the_tensor_parallel_benchmark_runs_both_sizes() -> None:
     )
     assert result.returncode == 0, result.stderr[-2000:]
     report = json.loads(result.stdout)
-    assert report["tp1"]["steps"] == report["tp2"]["steps"] == 2
-    assert report["ratio"] > 0 and report["same_tokens"] is True
+    layouts = report["layouts"]
+    assert list(layouts) == ["tp1", "tp2", "pp2", "dp2"]
+    assert all(entry["same_tokens_as_tp1"] is True for entry in layouts.values())
+    assert layouts["tp1"]["steps"] == layouts["tp2"]["steps"] == layouts["pp2"]["steps"] == 2
+    assert layouts["dp2"]["steps"] == 2  # each replica decodes its prompt in two steps
+    assert layouts["tp1"]["ratio_to_tp1"] == 1.0
+    assert "pp2_ms_per_stage_boundary_per_step" in report["costs_here"]
+    assert set(report["on_hosts_of_their_own"]) == {"tp2", "pp2", "dp2"}
+
+
+def test_the_mesh_benchmark_names_a_malformed_layout() -> None:
+    script = REPO / "benchmarks" / "bench_tp.py"
+    result = subprocess.run(
+        [sys.executable, str(script), "--layouts", "tp2,zz3"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 2
+    assert "layout 'zz3' is not like tp2, pp2, dp2 or tp2xpp2" in result.stderr
