@@ -178,6 +178,12 @@ def test_mp_layouts_generate_transformers_tokens(
         pids = _pids(llm)
     _check(expected, outputs)
     assert len(pids) == _ranks(parallel)
+    if layout in ("pp2", "tp2xpp2"):
+        # each stage's KV cache holds its own layers only: 2 + 1 of the 3
+        stages = stats["stages"]
+        assert [s["layers"] for s in stages] == [[0, 2], [2, 3]]
+        assert [s["kv_cache_layers"] for s in stages] == [2, 1]
+        assert stages[0]["kv_cache_bytes"] == 2 * stages[1]["kv_cache_bytes"]
     assert stats["pipeline_parallel_size"] == parallel.get("pipeline_parallel_size", 1)
     assert stats["data_parallel_size"] == parallel.get("data_parallel_size", 1)
     assert _gone(pids), "ranks outlived the engine"

@@ -156,6 +156,16 @@ EXIT_CLOSED_PIPE = 141
 for a Unix tool that ``SIGPIPE`` ended (128 + 13), as ``seq 1 99999 | head -1`` gives."""
 
 
+def _stage_line(stage: dict[str, Any]) -> str:
+    """One pipeline stage's line of the stats: its layers and its KV cache."""
+    start, end = stage["layers"]
+    mib = stage["kv_cache_bytes"] / (1 << 20)
+    return (
+        f"stage {stage['stage']}: layers {start}..{end - 1}, KV cache of "
+        f"{stage['kv_cache_layers']} layers ({mib:.1f} MiB)"
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the command; returns the exit status."""
     args = _parser().parse_args(argv)  # malformed options: one line, status 2
@@ -319,9 +329,19 @@ def _run(args: argparse.Namespace) -> int:
     else:
         for i, output in enumerate(outputs):
             print(f"prompt {i} ({len(prompts[i])} tokens) -> {output}")
-        width = max(len(k) for k in stats)
-        for key, value in stats.items():
+        parts = {k: stats[k] for k in ("stages", "replicas") if k in stats}
+        flat = {k: v for k, v in stats.items() if k not in parts}
+        width = max(len(k) for k in flat)
+        for key, value in flat.items():
             shown = f"{value:.1f}" if isinstance(value, float) else value
             print(f"  {key:<{width}}  {shown}")
+        for stage in parts.get("stages", []) if len(parts.get("stages", [])) > 1 else []:
+            print(f"  {_stage_line(stage)}")
+        for k, replica in enumerate(parts.get("replicas", [])):
+            print(
+                f"  replica {k}: {replica['prompt_tokens']} prompt and "
+                f"{replica['generated_tokens']} generated tokens in {replica['steps']} steps, "
+                f"{replica['generated_tokens_per_s']:.1f} tokens/s"
+            )
     sys.stdout.flush()  # a closed pipe is found here, not in the interpreter's exit
     return 0

@@ -475,6 +475,7 @@ class LLM:
         with self._lock:
             if not self.replicas:
                 raise RuntimeError("this LLM was closed; build a new one")
+            start = time.perf_counter()
             threads = [
                 threading.Thread(target=run, args=(k, share), name=f"tiny_engine-replica{k}")
                 for k, share in enumerate(shares)
@@ -484,6 +485,7 @@ class LLM:
                 thread.start()
             for thread in threads:
                 thread.join()
+            self._stats["generate_seconds"] += time.perf_counter() - start
             if failures:
                 dead = [k for k, e in failures.items() if "died" in str(e)]
                 k = dead[0] if dead else min(failures)
@@ -694,4 +696,8 @@ class LLM:
         )
         if replicas:
             out["replicas"] = replicas
+        elif self.executor is not None:
+            # what each stage holds (its first tensor rank's; under a launcher, this rank's)
+            ranks = self.executor.run("stage_info")
+            out["stages"] = [r for r in ranks if r["tensor_rank"] == 0]
         return out

@@ -303,6 +303,23 @@ class Worker:
         t = torch.tensor([value], dtype=torch.int64, device=self.device)
         return int(self.world_communicator.broadcast(t, src=0).item())
 
+    def stage_info(self) -> dict[str, Any]:
+        """This rank's place and what it holds: its pipeline stage and tensor rank, the
+        decoder layers ``[start, end)``, and the layers and bytes of its KV cache."""
+        assert self.model is not None
+        stage = self.model.stage
+        layers = self.model.attention_layers()
+        cache = sum(
+            t.numel() * t.element_size() for a in layers for t in (a.key_cache, a.value_cache)
+        )
+        return {
+            "stage": stage.index,
+            "tensor_rank": self.tp_rank,
+            "layers": [stage.start, stage.end],
+            "kv_cache_layers": len(layers),
+            "kv_cache_bytes": cache,
+        }
+
     def ping(self) -> int:
         """This rank (a liveness check)."""
         return self.rank
