@@ -145,13 +145,16 @@ def test_uni_with_stages_is_a_config_error(qwen2: Path) -> None:
 def test_uni_replicas_run_in_this_process_and_equal_one_replica(
     qwen2: Path, expected: dict[str, Any]
 ) -> None:
+    import torch
     from tiny_engine import LLM
 
+    threads = torch.get_num_threads()
     with LLM(qwen2, config=_config(LAYOUTS["dp2"], "uni")) as llm:
         outputs = llm.generate(PROMPTS, max_tokens=MAX_TOKENS, ignore_eos=True)
         sampled = llm.generate(PROMPTS, max_tokens=4, temperature=1.0, seed=7)
         stats = llm.stats
     _check(expected, outputs)
+    assert torch.get_num_threads() == threads, "the replicas' share of the cores was given back"
     with LLM(qwen2, config=_config({}, "uni")) as one:
         assert sampled == one.generate(PROMPTS, max_tokens=4, temperature=1.0, seed=7)
     assert stats["data_parallel_size"] == 2 and stats["pipeline_parallel_size"] == 1
@@ -276,6 +279,25 @@ def test_a_killed_ray_stage_is_named(qwen2: Path, local_ray: Any) -> None:
         llm.generate(PROMPTS, max_tokens=2, ignore_eos=True)
     assert _gone(pids)
     llm.close()
+
+
+@pytest.mark.slow
+def test_a_killed_ray_replica_is_named_and_every_replica_is_shut_down(
+    qwen2: Path, local_ray: Any
+) -> None:
+    from tiny_engine import LLM
+
+    llm = LLM(qwen2, config=_config(LAYOUTS["dp2"], "ray"))
+    pids = [pid for r in llm.replicas for pid in r.executor.run("process_id")]
+    os.kill(pids[0], signal.SIGKILL)  # replica 0's only rank
+    with pytest.raises(RuntimeError) as info:
+        llm.generate(PROMPTS, max_tokens=2, ignore_eos=True)
+    message = str(info.value)
+    assert message.startswith("data-parallel replica 0 of 2: tensor-parallel rank 0 of 1 (ray"), (
+        message
+    )
+    assert "died" in message and "the other replicas were shut down" in message
+    assert _gone(pids)
 
 
 # -- torchrun ----------------------------------------------------------------------------

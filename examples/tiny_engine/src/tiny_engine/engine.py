@@ -336,7 +336,7 @@ class LLM:
         executor, self.executor = self.executor, None
         replicas, self.replicas = list(getattr(self, "replicas", [])), []
         self._closed_replicas = bool(replicas) or getattr(self, "_closed_replicas", False)
-        for replica in replicas:
+        for replica in reversed(replicas):  # last started, first stopped
             with contextlib.suppress(Exception):
                 replica.close()
         if executor is not None:

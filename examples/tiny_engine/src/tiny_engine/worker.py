@@ -104,7 +104,11 @@ class Worker:
         self.tp_size = parallel.tensor_parallel_size
         self.pp_size = parallel.pipeline_parallel_size
         sharing = spec.ranks_on_host or spec.world_size
+        self._threads_before: int | None = None
+        """torch's thread count before this rank took its share (restored at shutdown:
+        replicas of the ``uni`` executor run in the caller's process)."""
         if sharing > 1 and self.device.type == "cpu":
+            self._threads_before = torch.get_num_threads()
             _share_the_cpus(sharing)
         launched = spec.world_size * spec.data_parallel_size
         self.mesh: distributed.ModelParallelGroups | None = None
@@ -336,6 +340,9 @@ class Worker:
         process group."""
         if self.runner is not None:
             self.runner.cancel_compilation()
+        if self._threads_before is not None:
+            torch.set_num_threads(self._threads_before)
+            self._threads_before = None
         if self.mesh is not None:
             distributed.register_communicator(TP_GROUP, None)
             self.platform.destroy_distributed()
