@@ -169,7 +169,10 @@ def main(argv: list[str] | None = None) -> int:
         entry["ratio_to_tp1"] = entry["tokens_per_s"] / base["tokens_per_s"]
         entry["extra_ms_per_step"] = entry["ms_per_step"] - base["ms_per_step"]
     report["costs_here"] = _costs(report["layouts"])
-    report["on_hosts_of_their_own"] = _arithmetic(report["layouts"])
+    # a decode step's hidden states: one row per sequence
+    transfer = measure_transfer(args.batch, args.hidden)
+    report["transfer"] = transfer
+    report["on_hosts_of_their_own"] = _arithmetic(report["layouts"], transfer, args.layers)
     json.dump(report, sys.stdout, indent=2)
     print()
     return 0
@@ -182,23 +185,33 @@ def _steps(stats: dict[str, Any]) -> int:
 
 
 def _costs(layouts: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    """What a stage boundary and a replica cost on this machine, from the figures."""
+    """What a stage boundary and a replica cost on this machine, from the figures: the
+    extra time of a step over one rank's (which includes every rank's smaller share of
+    the same cores, not only the transfers), and each replica's throughput against one
+    rank with every core."""
     out: dict[str, Any] = {}
     for name, entry in layouts.items():
         parallel = entry["parallel"]
         pp = parallel.get("pipeline_parallel_size", 1)
         if pp > 1 and parallel.get("tensor_parallel_size", 1) == 1:
-            # one send per boundary per step, plus the stages waiting for each other
-            out[f"{name}_ms_per_stage_boundary_per_step"] = entry["extra_ms_per_step"] / (pp - 1)
+            # one send per boundary per step, the stages waiting for each other, and each
+            # stage on its share of the cores
+            out[f"{name}_extra_ms_per_step_per_stage_boundary"] = entry["extra_ms_per_step"] / (
+                pp - 1
+            )
         dp = parallel.get("data_parallel_size", 1)
         if dp > 1:
             out[f"{name}_throughput_per_replica_vs_tp1"] = entry["ratio_to_tp1"] / dp
     return out
 
 
-def _arithmetic(layouts: dict[str, dict[str, Any]]) -> dict[str, str]:
-    """What the figures imply where every rank has cores of its own (not a measurement)."""
+def _arithmetic(
+    layouts: dict[str, dict[str, Any]], transfer: dict[str, float], layers: int
+) -> dict[str, str]:
+    """What the measured one-rank step and transfer costs imply where every rank has the
+    cores one rank has here (the arithmetic, not a measurement)."""
     base = layouts["tp1"]["ms_per_step"]
+    send, reduce = transfer["send_ms"], transfer["all_reduce_ms"]
     out = {}
     for name, entry in layouts.items():
         parallel = entry["parallel"]
@@ -207,15 +220,84 @@ def _arithmetic(layouts: dict[str, dict[str, Any]]) -> dict[str, str]:
         dp = parallel.get("data_parallel_size", 1)
         if name == "tp1":
             continue
-        overhead = max(0.0, entry["extra_ms_per_step"])
-        step = base / tp + overhead if tp > 1 else base + overhead
+        # tensor parallelism: 1/tp of the compute, two all-reduces per layer and two more
+        # (embedding, logits); a pipeline: the stages one after another, one send per
+        # boundary; replicas: side by side
+        collectives = (2 * layers + 2) * reduce if tp > 1 else 0.0
+        step = base / tp + collectives + (pp - 1) * send
         out[name] = (
-            f"a step ~ {base:.1f} ms / tp {tp} + {overhead:.1f} ms of communication = "
-            f"{step:.1f} ms (a pipeline's stages run one after another: the whole model's "
-            f"compute per step, 1/{pp} of its weights per host); {dp} replica(s) x "
-            f"{1e3 / step:.0f} steps/s"
+            f"{base:.1f} ms / {tp} + {collectives:.1f} ms of all-reduces + {pp - 1} x "
+            f"{send:.2f} ms of sends = {step:.1f} ms a step, {1e3 * dp / step:.0f} steps/s "
+            f"over {dp} replica(s) ({1e3 / base:.0f} on one rank); 1/{tp * pp} of the "
+            "weights per rank"
         )
     return out
+
+
+def _transfer(rank: int, port: int, rows: int, hidden: int, rounds: int, out: Any) -> None:
+    """One of two ranks timing a stage's send of ``[rows, hidden]`` float32 hidden states
+    (half a ping-pong) and an all-reduce of the same tensor, over the CPU platform's
+    communicators."""
+    import os as _os
+
+    _os.environ.setdefault("OMP_NUM_THREADS", "1")
+    import torch
+
+    from hwplug.plugins.manager import platform_from_spec
+
+    plat = platform_from_spec("cpu")
+    plat.init_distributed(rank, 2, init_method=f"tcp://127.0.0.1:{port}")
+    mesh = plat.init_model_parallel(1, 2)
+    pipe, world = mesh.pp_communicator, plat.device_communicator()
+    t = torch.ones(rows, hidden)
+    other = 1 - rank
+    for _round in range(2):  # a warm-up round, then the timed one
+        world.barrier()
+        start = time.perf_counter()
+        for _ in range(rounds):
+            if rank == 0:
+                pipe.send(t, other)
+                pipe.recv(t, other)
+            else:
+                pipe.recv(t, other)
+                pipe.send(t, other)
+        send_ms = 1e3 * (time.perf_counter() - start) / (2 * rounds)
+        world.barrier()
+        start = time.perf_counter()
+        for _ in range(rounds):
+            world.all_reduce(t)
+        reduce_ms = 1e3 * (time.perf_counter() - start) / rounds
+    if rank == 0:
+        out.put({"send_ms": send_ms, "all_reduce_ms": reduce_ms})
+    plat.destroy_distributed()
+
+
+def measure_transfer(rows: int, hidden: int, rounds: int = 200) -> dict[str, float]:
+    """Milliseconds of one stage send and one all-reduce of ``[rows, hidden]`` float32
+    between two processes of this host (gloo on loopback)."""
+    import socket
+
+    import torch.multiprocessing as mp
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    procs = [
+        ctx.Process(target=_transfer, args=(r, port, rows, hidden, rounds, queue)) for r in range(2)
+    ]
+    for proc in procs:
+        proc.start()
+    try:
+        result: dict[str, float] = queue.get(timeout=300)
+    finally:
+        for proc in procs:
+            proc.join(60)
+            if proc.is_alive():
+                proc.kill()
+    result["rows"], result["hidden"] = rows, hidden
+    return result
 
 
 if __name__ == "__main__":

@@ -84,7 +84,8 @@ def test_the_mesh_benchmark_runs_every_layout_with_one_ranks_tokens() -> None:
     assert layouts["tp1"]["steps"] == layouts["tp2"]["steps"] == layouts["pp2"]["steps"] == 2
     assert layouts["dp2"]["steps"] == 2  # each replica decodes its prompt in two steps
     assert layouts["tp1"]["ratio_to_tp1"] == 1.0
-    assert "pp2_ms_per_stage_boundary_per_step" in report["costs_here"]
+    assert "pp2_extra_ms_per_step_per_stage_boundary" in report["costs_here"]
+    assert report["transfer"]["send_ms"] > 0 and report["transfer"]["all_reduce_ms"] > 0
     assert set(report["on_hosts_of_their_own"]) == {"tp2", "pp2", "dp2"}
 
 
