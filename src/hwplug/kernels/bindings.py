@@ -25,6 +25,7 @@ import ctypes
 import functools
 import os
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -211,11 +212,7 @@ def linear(
     threads = torch.get_num_threads()
     if pairs is not None:
         x = x if x.stride(1) == 1 else x.contiguous()
-        function = {
-            "amx": lib.hwplug_linear_amx,
-            "dpbf16": lib.hwplug_linear_dpbf16,
-            "row": lib.hwplug_linear_row_bf16,
-        }[pairs]
+        function = _pairs_functions(lib)[pairs]
         status = function(
             x.data_ptr(), rows, inputs, x.stride(0),
             weight.data_ptr(), features, weight.stride(0),
@@ -243,6 +240,16 @@ def linear(
             f"{weight.stride(0)}), out {list(out.shape)} (row stride {out.stride(0)})"
         )
     raise RuntimeError(f"the native linear kernel failed ({name}: status {status})")
+
+
+@functools.cache
+def _pairs_functions(lib: ctypes.CDLL) -> dict[str, Any]:
+    """The library's bfloat16-pair kernels by path name (looked up once per library)."""
+    return {
+        "amx": lib.hwplug_linear_amx,
+        "dpbf16": lib.hwplug_linear_dpbf16,
+        "row": lib.hwplug_linear_row_bf16,
+    }
 
 
 # -- paged decode attention -----------------------------------------------------------------

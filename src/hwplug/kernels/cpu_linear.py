@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+from typing import Literal
 
 import torch
 
@@ -178,15 +179,21 @@ def run(
     out: torch.Tensor | None = None,
     *,
     dtype: torch.dtype = torch.float32,
+    pairs: str | Literal[False] | None = False,
 ) -> torch.Tensor:
     """The kernel on arguments that have passed :data:`LINEAR`: 2-D ``x``, a weight of a
     supported dtype with its last dimension contiguous, a float32 ``bias`` or None. The
     result is float32, or ``dtype``: the AMX and AVX-512 BF16 paths write bfloat16
     themselves (rounded to nearest even, as ``.to(torch.bfloat16)`` of the float32
-    result rounds), others convert. ``out``, when given, is float32."""
+    result rounds), others convert. ``out``, when given, is float32. ``pairs``: what
+    :func:`pairs_path` says of these arguments, when the caller has asked it already
+    (False: ask it here)."""
     rows, inputs = x.shape
     features = weight.shape[0]
-    pairs = pairs_path(x, weight) if rows > 0 and features > 0 and inputs > 0 else None
+    if rows == 0 or features == 0 or inputs == 0:
+        pairs = None
+    elif pairs is False:
+        pairs = pairs_path(x, weight)
     given = out
     if out is not None and not _rows_writable(out):
         out = None  # computed into a buffer of its own, then copied in
@@ -203,7 +210,7 @@ def run(
     if given is not None and given is not out:
         given.copy_(out)
         out = given
-    return out.to(dtype)
+    return out if out.dtype == dtype else out.to(dtype)
 
 
 def _rows_writable(out: torch.Tensor) -> bool:

@@ -174,7 +174,9 @@ def _native(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) ->
     limit = _PAIRS_ROWS[pairs] if pairs is not None else _vector_rows(weight.dtype)
     if x.shape[0] > limit:
         return _onednn(x, weight, bias)
-    return cpu_linear.run(x, weight, None if bias is None else bias.float(), dtype=x.dtype)
+    return cpu_linear.run(
+        x, weight, None if bias is None else bias.float(), dtype=x.dtype, pairs=pairs
+    )
 
 
 def _native_runs() -> bool:
