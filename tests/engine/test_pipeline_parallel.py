@@ -9,7 +9,6 @@ named and no process is left behind.
 from __future__ import annotations
 
 import itertools
-import json
 import os
 import signal
 from collections.abc import Callable, Iterator
@@ -23,7 +22,7 @@ from hypothesis import strategies as st
 from hwplug import ConfigError
 from tests.engine.conftest import cpu_config, prompts_of
 from tests.engine.reference import Reference, assert_matches
-from tests.engine.test_tensor_parallel import RANK_SCRIPT, _gone, _torchrun
+from tests.engine.test_tensor_parallel import _gone, serve_under_torchrun
 
 pytest.importorskip("transformers")
 pytest.importorskip("psutil")
@@ -309,20 +308,8 @@ def test_torchrun_layouts_each_rank_returns_transformers_tokens(
     qwen2: Path, expected: dict[str, Any], tmp_path: Path, layout: str
 ) -> None:
     parallel = LAYOUTS[layout]
-    script = tmp_path / "serve.py"
-    script.write_text(RANK_SCRIPT)
-    ranks = _ranks(parallel)
-    result = _torchrun(
-        str(script),
-        str(qwen2),
-        json.dumps(_config(parallel, "external_launcher")),
-        json.dumps(PROMPTS),
-        str(tmp_path),
-        str(MAX_TOKENS),
-        ranks=ranks,
-    )
-    assert result.returncode == 0, result.stderr[-8000:]
-    outputs = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(ranks)]
+    config = _config(parallel, "external_launcher")
+    outputs = serve_under_torchrun(qwen2, config, PROMPTS, MAX_TOKENS, _ranks(parallel), tmp_path)
     assert all(rank == outputs[0] for rank in outputs), "every rank returns the same outputs"
     _check(expected, outputs[0]["outputs"])
 

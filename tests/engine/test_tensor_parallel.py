@@ -331,23 +331,37 @@ def _torchrun(
 def test_torchrun_ranks_each_return_transformers_tokens(
     qwen2: Path, expected: dict[str, Any], tmp_path: Path, size: int
 ) -> None:
-    script = tmp_path / "serve.py"
-    script.write_text(RANK_SCRIPT)
-    config = _config(size, "external_launcher")
-    result = _torchrun(
-        str(script),
-        str(qwen2),
-        json.dumps(config),
-        json.dumps(PROMPTS),
-        str(tmp_path),
-        str(MAX_TOKENS),
-        ranks=size,
+    ranks = serve_under_torchrun(
+        qwen2, _config(size, "external_launcher"), PROMPTS, MAX_TOKENS, size, tmp_path
     )
-    assert result.returncode == 0, result.stderr[-8000:]
-    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(size)]
     assert all(rank == ranks[0] for rank in ranks), "every rank returns the same outputs"
     assert ranks[0]["executor"] == "external_launcher"
     _check(expected, ranks[0]["outputs"])
+
+
+def serve_under_torchrun(
+    checkpoint: Path,
+    config: dict[str, Any],
+    prompts: list[list[int]],
+    max_tokens: int,
+    ranks: int,
+    tmp_path: Path,
+) -> list[dict[str, Any]]:
+    """:data:`RANK_SCRIPT` under torchrun with ``ranks`` processes; each rank's report
+    (``outputs``, ``sampled``, ``executor``), in rank order."""
+    script = tmp_path / "serve.py"
+    script.write_text(RANK_SCRIPT)
+    result = _torchrun(
+        str(script),
+        str(checkpoint),
+        json.dumps(config),
+        json.dumps(prompts),
+        str(tmp_path),
+        str(max_tokens),
+        ranks=ranks,
+    )
+    assert result.returncode == 0, result.stderr[-8000:]
+    return [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(ranks)]
 
 
 def test_the_cli_runs_under_torchrun(qwen2: Path, expected: dict[str, Any]) -> None:

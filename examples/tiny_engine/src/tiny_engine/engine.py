@@ -335,7 +335,6 @@ class LLM:
         process group. Idempotent; the engine cannot generate afterwards."""
         executor, self.executor = self.executor, None
         replicas, self.replicas = list(getattr(self, "replicas", [])), []
-        self._closed_replicas = bool(replicas) or getattr(self, "_closed_replicas", False)
         for replica in reversed(replicas):  # last started, first stopped
             with contextlib.suppress(Exception):
                 replica.close()
@@ -439,6 +438,27 @@ class LLM:
             self._weights_seen = weights
         return self._generate(prompts, limits, temperature, seed, ignore_eos, indices)
 
+    def _generate_share(
+        self,
+        prompts: Sequence[Sequence[int]],
+        limits: list[int],
+        temperature: float,
+        base: int,
+        ignore_eos: bool,
+        share: list[int],
+    ) -> list[list[int]]:
+        """Generate the prompts whose indices (in the whole call) are ``share`` on this
+        engine's own ranks, each seeded by its index in the whole call."""
+        with self._lock:
+            return self._generate_here(
+                [prompts[i] for i in share],
+                [limits[i] for i in share],
+                temperature,
+                base,
+                ignore_eos,
+                share,
+            )
+
     def _generate_on_replicas(
         self,
         prompts: Sequence[Sequence[int]],
@@ -455,17 +475,10 @@ class LLM:
         failures: dict[int, BaseException] = {}
 
         def run(k: int, share: list[int]) -> None:
-            replica = self.replicas[k]
             try:
-                with replica._lock:
-                    got = replica._generate_here(
-                        [prompts[i] for i in share],
-                        [limits[i] for i in share],
-                        temperature,
-                        base,
-                        ignore_eos,
-                        share,
-                    )
+                got = self.replicas[k]._generate_share(
+                    prompts, limits, temperature, base, ignore_eos, share
+                )
             except BaseException as exc:  # named below, once every replica has ended
                 failures[k] = exc
                 return
@@ -518,15 +531,7 @@ class LLM:
         base = seed if seed is not None else secrets.randbits(63)
         base = worker.broadcast_int(base)  # every replica seeds from the first one's
         share = spread(prompts, limits, self.data_parallel_size)[getattr(executor, "replica", 0)]
-        with self._lock:
-            got = self._generate_here(
-                [prompts[i] for i in share],
-                [limits[i] for i in share],
-                temperature,
-                base,
-                ignore_eos,
-                share,
-            )
+        got = self._generate_share(prompts, limits, temperature, base, ignore_eos, share)
         outputs: list[list[int]] = worker.gather_outputs(dict(zip(share, got)), len(prompts))
         return outputs
 

@@ -33,7 +33,7 @@ from multiprocessing.connection import Connection, wait
 from typing import Any
 
 from hwplug import ConfigError
-from tiny_engine.worker import Worker, WorkerSpec
+from tiny_engine.worker import Worker, WorkerSpec, driver_rank
 
 __all__ = ["EXECUTORS", "Executor", "make_executor", "rank_name"]
 
@@ -237,7 +237,7 @@ class MultiprocExecutor(Executor):
 
         self.world_size = spec.world_size
         self.spec = spec
-        self.driver_rank = _driver_rank(spec)
+        self.driver_rank = driver_rank(spec)
         ctx = mp.get_context("spawn")
         init = f"tcp://127.0.0.1:{_free_port()}"
         self.conns: list[Connection] = []
@@ -364,12 +364,6 @@ def _main_module_not_rerun() -> Any:
         main.__dict__.update(saved)
 
 
-def _driver_rank(spec: WorkerSpec) -> int:
-    """The replica rank whose logits the driver samples: the last stage's first rank."""
-    parallel = spec.config.parallel
-    return (parallel.pipeline_parallel_size - 1) * parallel.tensor_parallel_size
-
-
 def _dead(proc: Any) -> bool:
     """Whether ``proc`` has ended (waiting a moment for one that is ending)."""
     proc.join(0.5)
@@ -426,7 +420,7 @@ class RayExecutor(Executor):
         self._remove = remove_placement_group
         self.world_size = spec.world_size
         self.spec = spec
-        self.driver_rank = _driver_rank(spec)
+        self.driver_rank = driver_rank(spec)
         self._closed = False
         self.actors: list[Any] = []
         self.group: Any = None

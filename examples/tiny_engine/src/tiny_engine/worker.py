@@ -35,7 +35,7 @@ from tiny_engine.checkpoint import iter_weights, read_checkpoint
 from tiny_engine.model import CausalLM, Sharding, Stage, load_weights
 from tiny_engine.runner import ModelRunner, StepInput
 
-__all__ = ["Worker", "WorkerSpec"]
+__all__ = ["Worker", "WorkerSpec", "driver_rank"]
 
 logger = logging.getLogger("tiny_engine")
 """The rank's start-up phases, at INFO (see :mod:`tiny_engine.engine`)."""
@@ -83,6 +83,13 @@ def _share_the_cpus(ranks: int) -> None:
     except AttributeError:  # not on Linux
         cores = os.cpu_count() or 1
     torch.set_num_threads(max(1, cores // ranks))
+
+
+def driver_rank(spec: WorkerSpec) -> int:
+    """The replica rank whose logits the driver samples: the last pipeline stage's
+    first rank."""
+    parallel = spec.config.parallel
+    return (parallel.pipeline_parallel_size - 1) * parallel.tensor_parallel_size
 
 
 class Worker:
@@ -133,7 +140,7 @@ class Worker:
             plat.set_device(spec.local_rank)
         self.tp_rank = self.mesh.tp_rank if self.mesh is not None else 0
         self.pp_rank = self.mesh.pp_rank if self.mesh is not None else 0
-        self.driver_rank = (self.pp_size - 1) * self.tp_size
+        self.driver_rank = driver_rank(spec)
         """The replica rank whose logits the driver samples: the last stage's first."""
         self.dtype = STR_DTYPE_TO_TORCH_DTYPE[self.config.model.dtype]
         self.cache_dtype = cache_dtype_to_torch(
