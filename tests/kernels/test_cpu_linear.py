@@ -95,6 +95,34 @@ def test_it_gives_the_float64_product_over_generated_shapes(
         assert torch.isnan(wide[:, :3]).all() and torch.isnan(wide[:, 3 + n :]).all()
 
 
+@settings(max_examples=80, deadline=None)
+@given(
+    k=st.integers(0, 160),  # whole and part steps of two vectors of k, and a scalar tail
+    n=st.integers(0, 40),  # whole six-row tiles of the one-row path, and the rest
+    bias=st.booleans(),
+    strided=st.booleans(),
+    threads=st.sampled_from([1, 2, 3]),
+    seed=st.integers(0, 2**16),
+)
+def test_one_float32_row_gives_the_float64_product(
+    k: int, n: int, bias: bool, strided: bool, threads: int, seed: int
+) -> None:
+    """One row of a float32 step: the one-row tiles and, past them, the tile path."""
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(1, k + 5, generator=gen)[:, 2 : 2 + k] if strided else torch.randn(1, k)
+    w = torch.randn(n, k + 3, generator=gen)[:, 1 : 1 + k] if strided else torch.randn(n, k)
+    b = torch.randn(n, generator=gen) if bias else None
+    wide = torch.full((1, n + 4), float("nan"))
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        got = native_linear(x, w, b, out=wide[:, 3 : 3 + n])
+    finally:
+        torch.set_num_threads(previous)
+    _assert_close(got, _reference(x, w, b), k)
+    assert torch.isnan(wide[:, :3]).all() and torch.isnan(wide[:, 3 + n :]).all()
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
 def test_16_bit_inputs_are_computed_in_float32(dtype: torch.dtype) -> None:
     gen = torch.Generator().manual_seed(3)

@@ -110,7 +110,7 @@ _SOURCES = Path(__file__).with_name("csrc")
 _NAME = "hwplug_cpu"
 _INTERFACES = {
     "hwplug_paged_decode_version": 4,
-    "hwplug_linear_version": 3,
+    "hwplug_linear_version": 4,
     "hwplug_linear_amx_version": 2,
     "hwplug_linear_dpbf16_version": 1,
 }
