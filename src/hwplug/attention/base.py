@@ -457,15 +457,22 @@ class AttentionBackend:
         if checked is None or checked[0] is not metadata or checked[1] != n:
             metadata.check(num_tokens=n)
             self._checked_metadata = (metadata, n)  # (one attribute: threads see either)
-        devices = {
-            "query": query.device,
-            "key": key.device,
-            "value": value.device,
-            "key_cache": key_cache.device,
-            "value_cache": value_cache.device,
-            "metadata": metadata.query_start_loc.device,
-        }
-        if len(set(devices.values())) > 1:
+        device = query.device
+        if not (
+            key.device == device
+            and value.device == device
+            and key_cache.device == device
+            and value_cache.device == device
+            and metadata.query_start_loc.device == device
+        ):
+            devices = {
+                "query": query.device,
+                "key": key.device,
+                "value": value.device,
+                "key_cache": key_cache.device,
+                "value_cache": value_cache.device,
+                "metadata": metadata.query_start_loc.device,
+            }
             listing = ", ".join(f"{k} on {v}" for k, v in devices.items())
             raise ValueError(f"all tensors must be on one device; got {listing}")
 

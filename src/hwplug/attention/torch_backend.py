@@ -114,8 +114,8 @@ class TorchAttentionBackend(AttentionBackend):
             source = query if direct else queries
             # leading rows of the result's dtype are written in place; others are copied in
             if isinstance(rows, int):
-                q = source[:rows]
-                target = out[:rows] if out.dtype == q.dtype else None
+                q = _leading(source, rows)
+                target = _leading(out, rows) if out.dtype == q.dtype else None
             else:
                 q, target = source.index_select(0, rows), None
             total = plan.total
@@ -128,7 +128,9 @@ class TorchAttentionBackend(AttentionBackend):
                 scale=self.scale,
                 sliding_window=window,
                 out=target,
-                write=(call.key[:total], call.value[:total], plan.slots) if fused else None,
+                write=(_leading(call.key, total), _leading(call.value, total), plan.slots)
+                if fused
+                else None,
             )
             if not isinstance(rows, int):
                 out.index_copy_(0, rows, result.to(out.dtype))
@@ -212,6 +214,12 @@ def _reads_pages_in_place(
         and plan.block_size <= cpu_decode.NATIVE_MAX_BLOCK_SIZE
         and native.runs(cpu_decode.loaded)
     )
+
+
+def _leading(tensor: torch.Tensor, rows: int) -> torch.Tensor:
+    """The first ``rows`` rows of ``tensor``: the tensor itself where it has no more (a
+    view costs about a microsecond, and a step's layers take these several times)."""
+    return tensor if rows == tensor.shape[0] else tensor[:rows]
 
 
 def _compute_dtype(query: torch.Tensor) -> torch.dtype:
