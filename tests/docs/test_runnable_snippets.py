@@ -13,6 +13,7 @@ import os
 import re
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -34,7 +35,7 @@ def snippets() -> list[tuple[str, str, str, int]]:
             fence = FENCE.match(lines[i + 1].strip()) if i + 1 < len(lines) else None
             assert fence, f"{page.name}:{i + 1}: a runnable mark must precede a code fence"
             end = next(j for j in range(i + 2, len(lines)) if lines[j].strip() == "```")
-            body = "\n".join(lines[i + 2 : end])
+            body = textwrap.dedent("\n".join(lines[i + 2 : end]))  # (a block in a list item)
             where = f"{page.relative_to(REPO)}:{i + 2}"
             found.append((where, fence.group(1), body, int(mark.group(1) or 0)))
     return found

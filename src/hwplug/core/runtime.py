@@ -19,6 +19,7 @@ lazily.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Mapping
 from datetime import timedelta
@@ -33,7 +34,14 @@ if TYPE_CHECKING:
 
     from hwplug.core.platform import Platform
 
-__all__ = ["DIST_TIMEOUT", "DeviceRuntime"]
+__all__ = [
+    "DIST_TIMEOUT",
+    "LAUNCHER_VARIABLES",
+    "DeviceRuntime",
+    "LauncherEnvironment",
+    "launcher_environment",
+    "rendezvous_problem",
+]
 
 DIST_TIMEOUT = timedelta(minutes=10)
 """How long joining the process group may take by default (SPEC 14's ``timeout``)."""
@@ -374,6 +382,67 @@ def rendezvous_problem(init_method: str, environ: Mapping[str, str]) -> str | No
             )
         return _port_problem("its port", port, f"init_method={init_method!r}")
     return None
+
+
+LAUNCHER_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+"""What ``torchrun`` (and launchers like it) set in each process it starts."""
+
+
+@dataclasses.dataclass(frozen=True)
+class LauncherEnvironment:
+    """One process's place as its launcher set it (:func:`launcher_environment`)."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    master_addr: str
+    master_port: int
+
+
+def launcher_environment(
+    environ: Mapping[str, str] | None = None, *, where: str = ""
+) -> LauncherEnvironment:
+    """The launcher's variables (:data:`LAUNCHER_VARIABLES`) of ``environ`` (default:
+    the process's), each checked: ``WORLD_SIZE`` a positive integer, ``RANK`` below
+    it, ``LOCAL_RANK`` a non-negative integer, ``MASTER_ADDR`` set and ``MASTER_PORT``
+    a TCP port (torch reads both later, when the rank joins the process group).
+    What an engine's ``external_launcher`` executor reads before it starts a rank;
+    ``where`` (say ``"for parallel.distributed_executor_backend='external_launcher'"``)
+    ends each error's "set by the launcher" clause.
+
+    :raises ValueError: variables unset (all of them named, with how to start the
+        processes), or one that is not an integer or is out of its range (named with
+        its value and what is allowed).
+    """
+    env = os.environ if environ is None else environ
+    missing = [name for name in LAUNCHER_VARIABLES if not env.get(name, "").strip()]
+    if missing:
+        context = f"{where}; " if where else ""
+        raise ValueError(
+            f"{', '.join(missing)} {'is' if len(missing) == 1 else 'are'} not set; a launcher "
+            f"such as torchrun sets {', '.join(LAUNCHER_VARIABLES)} in each process it starts "
+            f"({context}run: torchrun --nproc-per-node N ...)"
+        )
+
+    def integer(name: str, lowest: int, highest: int | None, allowed: str) -> int:
+        raw = env[name]
+        try:
+            value: int | None = int(raw)
+        except ValueError:
+            value = None
+        if value is None or value < lowest or (highest is not None and value > highest):
+            problem = "is not an integer" if value is None else "is out of range"
+            context = f" {where}" if where else ""
+            raise ValueError(
+                f"{name}={raw!r} {problem}; {name} must be {allowed} (set by the launcher{context})"
+            )
+        return value
+
+    world = integer("WORLD_SIZE", 1, None, "a positive integer")
+    rank = integer("RANK", 0, world - 1, f"an integer 0 .. {world - 1}, below WORLD_SIZE={world}")
+    local_rank = integer("LOCAL_RANK", 0, None, "a non-negative integer")
+    port = integer("MASTER_PORT", 1, 65535, "a TCP port, an integer 1 .. 65535")
+    return LauncherEnvironment(rank, world, local_rank, env["MASTER_ADDR"].strip(), port)
 
 
 def _port_problem(name: str, value: str | None, where: str) -> str | None:

@@ -33,6 +33,7 @@ from multiprocessing.connection import Connection, wait
 from typing import Any
 
 from hwplug import ConfigError
+from hwplug.core.runtime import launcher_environment
 from tiny_engine.worker import Worker, WorkerSpec, driver_rank
 
 __all__ = ["EXECUTORS", "Executor", "make_executor", "rank_name"]
@@ -125,21 +126,20 @@ class ExternalLauncherExecutor(UniExecutor):
 
 def _launcher_environment(world_size: int, replicas: int = 1) -> dict[str, int]:
     """``rank``, ``world`` and ``local_rank`` as the launcher set them, once every variable
-    a rank reads is set and in range (``MASTER_PORT`` too: torch reads it later).
+    a rank reads is set and in range (hwplug's ``launcher_environment``) and the launcher
+    started as many ranks as the engine has.
 
     :raises ConfigError: a variable unset, not an integer or out of its range (named
         with its value and what is allowed), or ``WORLD_SIZE`` other than
-        ``parallel.world_size``.
+        ``parallel.world_size`` (times ``data_parallel_size``).
     """
-    names = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
-    missing = [n for n in names if not os.environ.get(n, "").strip()]
-    if missing:
-        raise ConfigError(
-            "parallel.distributed_executor_backend='external_launcher' runs under a launcher "
-            f"such as torchrun, which sets {', '.join(names)}; {', '.join(missing)} "
-            "is not set (run: torchrun --nproc-per-node N -m tiny_engine ...)"
+    try:
+        env = launcher_environment(
+            where="for parallel.distributed_executor_backend='external_launcher'"
         )
-    world = _launcher_integer("WORLD_SIZE", 1, None, "a positive integer")
+    except ValueError as error:
+        raise ConfigError(str(error)) from None
+    world = env.world_size
     if world != world_size * replicas:
         sizes = "tensor_parallel_size x pipeline_parallel_size"
         wanted = f"parallel.world_size is {world_size} ({sizes})"
@@ -152,29 +152,7 @@ def _launcher_environment(world_size: int, replicas: int = 1) -> dict[str, int]:
             f"the launcher started WORLD_SIZE={world} ranks, but {wanted}; start as many "
             "ranks as the engine has"
         )
-    rank = _launcher_integer(
-        "RANK", 0, world - 1, f"an integer 0 .. {world - 1}, below WORLD_SIZE={world}"
-    )
-    local_rank = _launcher_integer("LOCAL_RANK", 0, None, "a non-negative integer")
-    _launcher_integer("MASTER_PORT", 1, 65535, "a TCP port, an integer 1 .. 65535")
-    return {"rank": rank, "world": world, "local_rank": local_rank}
-
-
-def _launcher_integer(name: str, lowest: int, highest: int | None, allowed: str) -> int:
-    """Environment variable ``name`` as an int in ``[lowest, highest]``, else a
-    ``ConfigError`` naming it, its value and what is ``allowed``."""
-    raw = os.environ[name]
-    try:
-        value: int | None = int(raw)
-    except ValueError:
-        value = None
-    if value is None or value < lowest or (highest is not None and value > highest):
-        problem = "is not an integer" if value is None else "is out of range"
-        raise ConfigError(
-            f"{name}={raw!r} {problem}; {name} must be {allowed} (set by the launcher "
-            "for parallel.distributed_executor_backend='external_launcher')"
-        )
-    return value
+    return {"rank": env.rank, "world": world, "local_rank": env.local_rank}
 
 
 # -- mp ------------------------------------------------------------------------------------
