@@ -131,6 +131,27 @@ def backend_linear_case(spec: dict[str, Any]) -> str:
     return "ok"
 
 
+def op_linear_case(spec: dict[str, Any]) -> str:
+    """``torch.ops.hwplug.native_linear`` or ``onednn_linear`` called directly on 2-D
+    operands of one dtype in the given layouts, against float64 (the result in the
+    operands' dtype)."""
+    import hwplug.kernels.linear  # noqa: F401  (registers the ops)
+
+    gen = torch.Generator().manual_seed(spec["seed"])
+    rows, k, n, dtype = spec["rows"], spec["k"], spec["n"], spec["dtype"]
+    x_values = torch.randn(rows, k, generator=gen).to(dtype)
+    w_values = torch.randn(n, k, generator=gen).to(dtype)
+    x = lay(x_values, spec["x_layout"])
+    w = lay(w_values, spec["w_layout"])
+    bias = torch.randn(n, generator=gen).to(dtype) if spec["bias"] else None
+    got = getattr(torch.ops.hwplug, spec["op"])(x, w, bias)
+    assert got.dtype == dtype and got.shape == (rows, n)
+    _assert_product(
+        got, as_laid(x_values, spec["x_layout"]), as_laid(w_values, spec["w_layout"]), bias
+    )
+    return "ok"
+
+
 def refused_linear_case(spec: dict[str, Any]) -> str:
     """A call torch refuses: the kernel's entry refuses it too, with a ValueError. Returns
     its message."""
@@ -141,6 +162,8 @@ def refused_linear_case(spec: dict[str, Any]) -> str:
     try:
         if call == "native_linear":
             native_linear(x, w, bias)
+        elif call.startswith("op:"):  # the registered op, called as anyone may call it
+            getattr(torch.ops.hwplug, call[3:])(x, w, bias)
         else:
             linear(x, w, bias, backend=call)
     except ValueError as error:
@@ -148,6 +171,23 @@ def refused_linear_case(spec: dict[str, Any]) -> str:
     raise AssertionError(
         f"{call} took x {list(x.shape)}, weight {list(w.shape)}, bias {spec['bias']}"
     )
+
+
+def refused_op_case(op: str, x: str, weight: str, bias: str | None) -> str:
+    """A registered linear op called directly with tensors built by the torch
+    expressions given (``"randn(3, 16)"``): refused with a ValueError. Returns its
+    message."""
+    import hwplug.kernels.linear  # noqa: F401  (registers the ops)
+
+    def build(expression: str) -> torch.Tensor:
+        return eval(f"torch.{expression}", {"torch": torch})  # (the tests' own literals)
+
+    args = (build(x), build(weight), None if bias is None else build(bias))
+    try:
+        getattr(torch.ops.hwplug, op)(*args)
+    except ValueError as error:
+        return str(error)
+    raise AssertionError(f"hwplug::{op} took x {x}, weight {weight}, bias {bias}")
 
 
 def aliased_out_case(spec: dict[str, Any]) -> str:

@@ -41,6 +41,9 @@ FUZZ = settings(
     max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
 FLOATS = (torch.float32, torch.bfloat16, torch.float16)
+CALLS = ["native", "onednn", "native_linear", "op:native_linear", "op:onednn_linear"]
+"""How a linear reaches a kernel: ``linear(backend=...)``, ``native_linear`` and the
+registered ops called directly (``torch.ops.hwplug...``), as anyone may call them."""
 
 
 # -- 1-4: linear --------------------------------------------------------------------------------
@@ -51,7 +54,7 @@ FLOATS = (torch.float32, torch.bfloat16, torch.float16)
     [(2**24, 64), (65, 64), (63, 64), (1, 64)],
     ids=["far wider", "wider", "narrower", "one"],
 )
-@pytest.mark.parametrize("call", ["native", "onednn", "native_linear"])
+@pytest.mark.parametrize("call", CALLS)
 def test_1_an_input_whose_features_are_not_the_weights_is_refused(
     isolated: Isolated, call: str, x_k: int, w_k: int
 ) -> None:
@@ -77,7 +80,7 @@ def test_2_a_bias_of_one_element_broadcasts_as_torchs_does(isolated: Isolated, c
 
 
 @pytest.mark.parametrize("size", [3, 65, 128])
-@pytest.mark.parametrize("call", ["native", "onednn", "native_linear"])
+@pytest.mark.parametrize("call", CALLS)
 def test_2_a_bias_that_does_not_broadcast_is_refused(
     isolated: Isolated, call: str, size: int
 ) -> None:
@@ -233,19 +236,65 @@ def test_linear_backends_match_float64_for_any_layout(isolated: Isolated, **spec
 
 @FUZZ
 @given(
+    rows=st.integers(0, 40),
+    k=st.integers(1, 70),
+    n=st.integers(1, 40),
+    dtype=st.sampled_from(FLOATS),
+    x_layout=_LINEAR_LAYOUTS,
+    w_layout=_LINEAR_LAYOUTS,
+    bias=st.booleans(),
+    op=st.sampled_from(["native_linear", "onednn_linear"]),
+    seed=st.integers(0, 2**16),
+)
+def test_the_linear_ops_called_directly_match_float64_for_any_layout(
+    isolated: Isolated, **spec: object
+) -> None:
+    if spec["rows"] == 0 and spec["x_layout"] == "expanded":
+        spec["x_layout"] = "contiguous"
+    assert isolated(native_cases.op_linear_case, spec) == "ok"
+
+
+@pytest.mark.parametrize("op", ["native_linear", "onednn_linear"])
+@pytest.mark.parametrize(
+    ("x", "weight", "bias", "named"),
+    [
+        ("randn(16)", "randn(8, 16)", None, "x must be [rows, in_features] (2 dimensions)"),
+        ("randn(2, 3, 16)", "randn(8, 16)", None, "x must be [rows, in_features]"),
+        ("randn(3, 16)", "randn(8, 16, 1)", None, "weight must be [out_features, in_features]"),
+        ("randn(3, 16).double()", "randn(8, 16).double()", None, "x must be one of bfloat16"),
+        ("randn(3, 16).bfloat16()", "randn(8, 16)", None, "weight must have x's dtype"),
+        ("randn(3, 16)", "randn(8, 16)", "randn(8, 1)", "bias must be [out_features]"),
+        ("randn(3, 16)", "randn(8, 16)", "randn(8).int()", "bias must be a floating"),
+        ("randn(3, 16)", "randn(8, 16)", "randn(8).to_sparse()", "bias must be a dense"),
+        ("randn(3, 16).to_sparse()", "randn(8, 16)", None, "x must be a dense"),
+    ],
+)
+def test_a_direct_op_call_the_kernels_do_not_take_is_refused_naming_the_argument(
+    isolated: Isolated, op: str, x: str, weight: str, bias: str | None, named: str
+) -> None:
+    message = isolated(native_cases.refused_op_case, op, x, weight, bias)
+    assert message.startswith(f"hwplug::{op}: ") and named in message, message
+
+
+@FUZZ
+@given(
     rows=st.integers(1, 8),
     x_k=st.integers(1, 200),
     n=st.integers(1, 40),
     w_k=st.integers(1, 200),
     bias=st.one_of(st.none(), st.integers(0, 50)),
-    call=st.sampled_from(["native", "onednn", "native_linear"]),
+    call=st.sampled_from(CALLS),
 )
 def test_what_torch_refuses_the_native_entries_refuse(isolated: Isolated, **spec: object) -> None:
     x = torch.randn(spec["rows"], spec["x_k"])  # type: ignore[arg-type]
     w = torch.randn(spec["n"], spec["w_k"])  # type: ignore[arg-type]
     bias = None if spec["bias"] is None else torch.randn(spec["bias"])  # type: ignore[arg-type]
+    # the ops' schema is the plain product: a bias of [out_features] or none
+    plain = bias is None or bias.shape == (spec["n"],)
     try:
         torch.nn.functional.linear(x, w, bias)
+        if str(spec["call"]).startswith("op:") and not plain:
+            raise RuntimeError("the op takes no broadcast bias")
     except RuntimeError:
         message = isolated(native_cases.refused_linear_case, spec)
         assert "in_features" in message or "bias" in message

@@ -40,6 +40,7 @@ another device, a dtype it lacks, autograd recording) falls back to
 from __future__ import annotations
 
 import functools
+from typing import NoReturn
 
 import torch
 
@@ -183,6 +184,71 @@ def _native_runs() -> bool:
     return cpu_linear.runs()
 
 
+def _op_arguments(
+    op: str, x: object, weight: object, bias: object
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """The arguments of ``hwplug::native_linear`` or ``hwplug::onednn_linear`` once
+    checked, since anyone may call the ops (``torch.ops.hwplug...``), not only
+    :func:`linear`: ``x`` ``[rows, in_features]`` and ``weight`` ``[out_features,
+    in_features]`` dense CPU tensors of one dtype of :data:`_ONEDNN_INPUTS`, ``bias``
+    None or a dense CPU float ``[out_features]``. The native op takes a weight whose
+    last dimension is not contiguous from a contiguous copy (the kernel reads rows).
+
+    :raises KernelArgumentError: the first argument that breaks a rule, named with
+        what was given and what is allowed (a :class:`~hwplug.kernels.checks.
+        KernelTypeError` for one that is not a tensor).
+    """
+    if not (
+        isinstance(x, torch.Tensor)
+        and isinstance(weight, torch.Tensor)
+        and x.dim() == 2
+        and weight.dim() == 2
+        and x.shape[1] == weight.shape[1]
+        and x.dtype == weight.dtype
+        and x.dtype in _ONEDNN_INPUTS
+        and x.is_cpu
+        and weight.is_cpu
+        and x.layout == torch.strided
+        and weight.layout == torch.strided
+        and (
+            bias is None
+            or (
+                isinstance(bias, torch.Tensor)
+                and bias.dim() == 1
+                and bias.shape[0] == weight.shape[0]
+                and bias.dtype.is_floating_point
+                and bias.is_cpu
+                and bias.layout == torch.strided
+            )
+        )
+    ):
+        _refuse(op, x, weight, bias)
+    if op == "native_linear" and weight.stride(1) != 1 and weight.numel() > 0:
+        weight = weight.contiguous()
+    return x, weight, bias
+
+
+_OP_RULES = (
+    TensorRule("x", ("rows", "in_features"), frozenset(_ONEDNN_INPUTS)),
+    TensorRule("weight", ("out_features", "in_features"), "float", same_dtype_as="x"),
+    TensorRule("bias", ("out_features",), "float", optional=True),
+)
+_OP_ENTRIES = {op: Entry(f"hwplug::{op}", _OP_RULES) for op in ("native_linear", "onednn_linear")}
+"""The rules :func:`_refuse` names a broken one of, per op."""
+
+
+def _refuse(op: str, x: object, weight: object, bias: object) -> NoReturn:
+    """Raise the error that names what is wrong with an op call :func:`_op_arguments`
+    did not take."""
+    _OP_ENTRIES[op].check({"x": x, "weight": weight, "bias": bias})
+    # (the rules above cover every case the fast test refuses; this is a backstop)
+    raise KernelArgumentError(
+        f"hwplug::{op}: x [rows, in_features], weight [out_features, in_features] and bias "
+        "[out_features] or None must be dense CPU tensors of one dtype (float32, bfloat16 or "
+        "float16; a float bias)"
+    )
+
+
 def _fake_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     return x.new_empty((x.shape[0], weight.shape[0]))
 
@@ -199,8 +265,16 @@ _LIBRARY.define("native_linear" + _SCHEMA)
 _LIBRARY.define("onednn_linear" + _SCHEMA)
 # (the kernels look the functions up when called, so that a profiler that wraps them sees
 # the compiled model's calls too)
-_LIBRARY.impl("native_linear", lambda x, w, b: _native(x, w, b), "CompositeExplicitAutograd")
-_LIBRARY.impl("onednn_linear", lambda x, w, b: _onednn(x, w, b), "CompositeExplicitAutograd")
+_LIBRARY.impl(
+    "native_linear",
+    lambda x, w, b: _native(*_op_arguments("native_linear", x, w, b)),
+    "CompositeExplicitAutograd",
+)
+_LIBRARY.impl(
+    "onednn_linear",
+    lambda x, w, b: _onednn(*_op_arguments("onednn_linear", x, w, b)),
+    "CompositeExplicitAutograd",
+)
 torch.library.register_fake("hwplug::native_linear", _fake_linear, lib=_LIBRARY)
 torch.library.register_fake("hwplug::onednn_linear", _fake_linear, lib=_LIBRARY)
 
