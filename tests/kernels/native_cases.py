@@ -115,7 +115,9 @@ def native_linear_case(spec: dict[str, Any]) -> str:
 
 def backend_linear_case(spec: dict[str, Any]) -> str:
     """``linear(..., backend=...)`` on operands of one dtype in the given layouts, with a
-    leading batch dimension, against float64 (the result in the operands' dtype)."""
+    leading batch dimension, or a registered op (``backend`` ``"op:native_linear"``,
+    ``"op:onednn_linear"``) called directly on them as they are, against float64 (the
+    result in the operands' dtype)."""
     gen = torch.Generator().manual_seed(spec["seed"])
     rows, k, n, dtype = spec["rows"], spec["k"], spec["n"], spec["dtype"]
     x_values = torch.randn(rows, k, generator=gen).to(dtype)
@@ -123,31 +125,14 @@ def backend_linear_case(spec: dict[str, Any]) -> str:
     x = lay(x_values, spec["x_layout"])
     w = lay(w_values, spec["w_layout"])
     bias = torch.randn(n, generator=gen).to(dtype) if spec["bias"] else None
-    got = linear(x.unsqueeze(0), w, bias, backend=spec["backend"])
+    backend = spec["backend"]
+    if backend.startswith("op:"):
+        got = getattr(torch.ops.hwplug, backend[3:])(x, w, bias).unsqueeze(0)
+    else:
+        got = linear(x.unsqueeze(0), w, bias, backend=backend)
     assert got.dtype == dtype and got.shape == (1, rows, n)
     _assert_product(
         got[0], as_laid(x_values, spec["x_layout"]), as_laid(w_values, spec["w_layout"]), bias
-    )
-    return "ok"
-
-
-def op_linear_case(spec: dict[str, Any]) -> str:
-    """``torch.ops.hwplug.native_linear`` or ``onednn_linear`` called directly on 2-D
-    operands of one dtype in the given layouts, against float64 (the result in the
-    operands' dtype)."""
-    import hwplug.kernels.linear  # noqa: F401  (registers the ops)
-
-    gen = torch.Generator().manual_seed(spec["seed"])
-    rows, k, n, dtype = spec["rows"], spec["k"], spec["n"], spec["dtype"]
-    x_values = torch.randn(rows, k, generator=gen).to(dtype)
-    w_values = torch.randn(n, k, generator=gen).to(dtype)
-    x = lay(x_values, spec["x_layout"])
-    w = lay(w_values, spec["w_layout"])
-    bias = torch.randn(n, generator=gen).to(dtype) if spec["bias"] else None
-    got = getattr(torch.ops.hwplug, spec["op"])(x, w, bias)
-    assert got.dtype == dtype and got.shape == (rows, n)
-    _assert_product(
-        got, as_laid(x_values, spec["x_layout"]), as_laid(w_values, spec["w_layout"]), bias
     )
     return "ok"
 

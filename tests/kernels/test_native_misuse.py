@@ -227,31 +227,11 @@ def test_native_linear_matches_float64_for_any_layout(isolated: Isolated, **spec
     x_layout=_LINEAR_LAYOUTS,
     w_layout=_LINEAR_LAYOUTS,
     bias=st.booleans(),
-    backend=st.sampled_from(["native", "onednn"]),
+    backend=st.sampled_from(["native", "onednn", "op:native_linear", "op:onednn_linear"]),
     seed=st.integers(0, 2**16),
 )
 def test_linear_backends_match_float64_for_any_layout(isolated: Isolated, **spec: object) -> None:
     assert isolated(native_cases.backend_linear_case, spec) == "ok"
-
-
-@FUZZ
-@given(
-    rows=st.integers(0, 40),
-    k=st.integers(1, 70),
-    n=st.integers(1, 40),
-    dtype=st.sampled_from(FLOATS),
-    x_layout=_LINEAR_LAYOUTS,
-    w_layout=_LINEAR_LAYOUTS,
-    bias=st.booleans(),
-    op=st.sampled_from(["native_linear", "onednn_linear"]),
-    seed=st.integers(0, 2**16),
-)
-def test_the_linear_ops_called_directly_match_float64_for_any_layout(
-    isolated: Isolated, **spec: object
-) -> None:
-    if spec["rows"] == 0 and spec["x_layout"] == "expanded":
-        spec["x_layout"] = "contiguous"
-    assert isolated(native_cases.op_linear_case, spec) == "ok"
 
 
 @pytest.mark.parametrize("op", ["native_linear", "onednn_linear"])
