@@ -85,8 +85,10 @@ def _sweep(dtype_name: str, args: argparse.Namespace) -> dict[str, Any]:
     return {
         "weight_bytes": weight_bytes,
         "native_path": pairs or ("vector" if "native" in paths else None),
-        "gb_per_s": {name: round(rate, 2) for name, rate in rates.items()},
-        "over_torch": {name: round(rate / rates["torch"], 2) for name, rate in rates.items()},
+        # three significant digits: a smoke run's tiny shapes read at a few MB/s, which two
+        # decimals would print as 0
+        "gb_per_s": {name: float(f"{rate:.3g}") for name, rate in rates.items()},
+        "over_torch": {name: float(f"{rate / rates['torch']:.3g}") for name, rate in rates.items()},
     }
 
 

@@ -66,11 +66,13 @@ llamacpp,llamacpp-fa --rounds 3 --dtype fp32|bf16 --threads N
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import random
 import re
 import resource
+import signal
 import statistics
 import subprocess
 import sys
@@ -849,12 +851,38 @@ def spawn(
     if engine == "tiny_engine":
         paths = [str(REPO / "src"), str(REPO / "examples" / "tiny_engine" / "src")]
         env["PYTHONPATH"] = os.pathsep.join([*paths, env.get("PYTHONPATH", "")])
-    done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=args.timeout)
-    for line in done.stdout.splitlines():
+    finished = run_bounded(cmd, env, args.timeout)
+    if finished is None:
+        return {"error": f"worker stopped after --timeout {args.timeout:g} s without finishing"}
+    returncode, stdout, stderr = finished
+    for line in stdout.splitlines():
         if line.startswith("@@RESULT@@"):
             return json.loads(line[len("@@RESULT@@") :])
-    tail = " | ".join((done.stderr.strip().splitlines() or ["no output"])[-3:])
-    return {"error": f"worker exited {done.returncode}: {tail}"[:2000]}
+    tail = " | ".join((stderr.strip().splitlines() or ["no output"])[-3:])
+    return {"error": f"worker exited {returncode}: {tail}"[:2000]}
+
+
+def run_bounded(cmd: list[str], env: dict[str, str], timeout: float) -> tuple[int, str, str] | None:
+    """Run ``cmd`` in a session of its own: its exit status, stdout and stderr, or None
+    when it ran past ``timeout`` seconds. Then the whole process group is killed (a
+    peer's own processes too, such as vLLM's engine core, which would otherwise keep
+    the cores busy through the next engine's run) and the benchmark goes on."""
+    process = subprocess.Popen(
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        start_new_session=True,
+    )
+    try:
+        stdout, stderr = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+        process.communicate()
+        return None
+    return process.returncode, stdout, stderr
 
 
 def summary(values: list[float]) -> dict[str, float]:

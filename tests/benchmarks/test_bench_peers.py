@@ -411,3 +411,42 @@ def test_bench_linear_row_reports_each_path_beside_the_streaming_read() -> None:
         rates = report[dtype]["gb_per_s"]
         assert {"onednn", "torch"} <= set(rates) and all(r > 0 for r in rates.values())
         assert report[dtype]["over_torch"]["torch"] == 1.0
+
+
+def test_a_worker_that_finishes_gives_its_status_and_output() -> None:
+    code = "import sys; print('out'); print('err', file=sys.stderr); sys.exit(3)"
+    assert bp.run_bounded([sys.executable, "-c", code], dict(os.environ), 60) == (
+        3,
+        "out\n",
+        "err\n",
+    )
+
+
+def test_a_worker_past_its_timeout_is_stopped_with_every_process_it_started(
+    tmp_path: Path,
+) -> None:
+    import psutil
+
+    # the worker starts a process of its own (as vLLM starts its engine core), then hangs
+    pid_file = tmp_path / "child.pid"
+    code = (
+        "import subprocess, sys, time; "
+        "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)']); "
+        f"open({str(pid_file)!r}, 'w').write(str(child.pid)); time.sleep(600)"
+    )
+    assert bp.run_bounded([sys.executable, "-c", code], dict(os.environ), 3) is None
+    child = int(pid_file.read_text())
+    gone = not psutil.pid_exists(child)
+    if not gone:  # (killed, maybe not yet reaped by its new parent)
+        gone = psutil.Process(child).status() == psutil.STATUS_ZOMBIE
+    assert gone, "the worker's own process outlived the timeout"
+
+
+def test_a_timed_out_peer_is_reported_and_the_run_goes_on(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(bp, "run_bounded", lambda cmd, env, timeout: None)
+    args = type("Args", (), {"workloads": ["single"], "dtype": "fp32", "scale": 1.0,
+                             "threads": None, "timeout": 7.0})()  # fmt: skip
+    got = bp.spawn("llamacpp", Path(sys.executable), args, Path("/nowhere"), "bench", {})
+    assert got == {"error": "worker stopped after --timeout 7 s without finishing"}
