@@ -426,34 +426,41 @@ def launcher_environment(
 
     def integer(name: str, lowest: int, highest: int | None, allowed: str) -> int:
         raw = env[name]
-        try:
-            value: int | None = int(raw)
-        except ValueError:
-            value = None
-        if value is None or value < lowest or (highest is not None and value > highest):
-            problem = "is not an integer" if value is None else "is out of range"
+        value = _bounded_integer(raw, lowest, highest)
+        if isinstance(value, str):
             context = f" {where}" if where else ""
             raise ValueError(
-                f"{name}={raw!r} {problem}; {name} must be {allowed} (set by the launcher{context})"
+                f"{name}={raw!r} {value}; {name} must be {allowed} (set by the launcher{context})"
             )
         return value
 
     world = integer("WORLD_SIZE", 1, None, "a positive integer")
     rank = integer("RANK", 0, world - 1, f"an integer 0 .. {world - 1}, below WORLD_SIZE={world}")
     local_rank = integer("LOCAL_RANK", 0, None, "a non-negative integer")
-    port = integer("MASTER_PORT", 1, 65535, "a TCP port, an integer 1 .. 65535")
+    port = integer("MASTER_PORT", 1, 65535, _PORT_ALLOWED)
     return LauncherEnvironment(rank, world, local_rank, env["MASTER_ADDR"].strip(), port)
+
+
+_PORT_ALLOWED = "a TCP port, an integer 1 .. 65535"
+
+
+def _bounded_integer(raw: str, lowest: int, highest: int | None) -> int | str:
+    """``raw`` as an integer in ``[lowest, highest]`` (no upper bound where None), or
+    what is wrong with it: ``"is not an integer"`` or ``"is out of range"``."""
+    try:
+        value = int(raw)
+    except ValueError:
+        return "is not an integer"
+    if value < lowest or (highest is not None and value > highest):
+        return "is out of range"
+    return value
 
 
 def _port_problem(name: str, value: str | None, where: str) -> str | None:
     text = (value or "").strip()
-    allowed = "a TCP port, an integer 1 .. 65535"
     if not text:
-        return f"{where} reads {name}, which is not set: set it to {allowed}"
-    try:
-        port = int(text)
-    except ValueError:
-        return f"{where}: {name}={text!r} is not an integer; it must be {allowed}"
-    if not 1 <= port <= 65535:
-        return f"{where}: {name}={text!r} is out of range; it must be {allowed}"
+        return f"{where} reads {name}, which is not set: set it to {_PORT_ALLOWED}"
+    port = _bounded_integer(text, 1, 65535)
+    if isinstance(port, str):
+        return f"{where}: {name}={text!r} {port}; it must be {_PORT_ALLOWED}"
     return None
