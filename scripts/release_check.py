@@ -75,7 +75,7 @@ def check_metadata(wheel: Path, sdist: Path, project: dict) -> list[str]:
     if not any(n == "hwplug/py.typed" for n in names):
         problems.append("the wheel lacks hwplug/py.typed (typed package marker)")
     csrc = REPO / "src/hwplug/kernels/csrc"
-    for source in sorted([*csrc.glob("*.c"), *csrc.glob("*.h")]):
+    for source in sorted([*csrc.glob("*.c"), *csrc.glob("*.cpp"), *csrc.glob("*.h")]):
         name = f"hwplug/kernels/csrc/{source.name}"
         if name not in names:
             problems.append(f"the wheel lacks {name} (built at first use)")

@@ -40,11 +40,11 @@ another device, a dtype it lacks, autograd recording) falls back to
 from __future__ import annotations
 
 import functools
-from typing import NoReturn
+from typing import Literal, NoReturn
 
 import torch
 
-from hwplug.kernels import cpu_linear
+from hwplug.kernels import cpu_linear, op_door
 from hwplug.kernels.checks import Entry, KernelArgumentError, TensorRule
 from hwplug.kernels.scratch import scratch
 
@@ -184,6 +184,47 @@ def _native_runs() -> bool:
     return cpu_linear.runs()
 
 
+def _native_op(x: object, weight: object, bias: object, *, load: bool = False) -> torch.Tensor:
+    """The validated door of ``hwplug::native_linear``: the call checked, computed, and its
+    layout approved for the C++ door where that door runs it as this one does.
+    ``load``: load the C++ door first if it is not (the op's own kernel)."""
+    door = op_door.open_door() if load else op_door.active()
+    given = weight
+    x, weight, bias = _op_arguments("native_linear", x, weight, bias)
+    out = _native(x, weight, bias)
+    if door:
+        path = _door_path(x, weight, bias, out)
+        if path is not False and weight is given:  # (not a contiguous copy made here)
+            op_door.approve(x, weight, bias, path, out.dtype)
+    return out
+
+
+def _door_path(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor
+) -> str | Literal[False] | None:
+    """The kernel path the C++ door may run this checked call on exactly as
+    :func:`_native` did (None: the vector path), or False where it may not: a call
+    :func:`_native` gave to oneDNN, an empty product, ``x`` or the weight not contiguous
+    along a row, a bias that is not float32 and contiguous, or a result the kernel does
+    not write itself (a 16-bit product of the vector path, converted afterwards)."""
+    rows, inputs = x.shape
+    if rows == 0 or inputs == 0 or weight.shape[0] == 0 or not _native_runs():
+        return False
+    if x.stride(1) != 1 or weight.stride(1) != 1:
+        return False
+    if bias is not None and (bias.dtype != torch.float32 or bias.stride(0) != 1):
+        return False
+    pairs = cpu_linear.pairs_path(x, weight)
+    limit = _PAIRS_ROWS[pairs] if pairs is not None else _vector_rows(weight.dtype)
+    if rows > limit:
+        return False
+    if pairs is None and (weight.dtype != torch.float32 or out.dtype != torch.float32):
+        return False
+    if pairs is not None and out.dtype != torch.bfloat16:
+        return False
+    return pairs
+
+
 def _op_arguments(
     op: str, x: object, weight: object, bias: object
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
@@ -262,13 +303,18 @@ def _fake_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
 _LIBRARY = torch.library.Library("hwplug", "FRAGMENT")
 _SCHEMA = "(Tensor x, Tensor weight, Tensor? bias) -> Tensor"
 _LIBRARY.define("native_linear" + _SCHEMA)
+_LIBRARY.define("native_linear_checked" + _SCHEMA)
 _LIBRARY.define("onednn_linear" + _SCHEMA)
 # (the kernels look the functions up when called, so that a profiler that wraps them sees
-# the compiled model's calls too)
+# the compiled model's calls too). ``native_linear``'s CPU calls go to the C++ door once
+# it is loaded (hwplug.kernels.op_door), which hands what it has not seen approved to
+# ``native_linear_checked``; until then (and where it cannot be built) this kernel takes
+# them, loading the door at its first call.
 _LIBRARY.impl(
-    "native_linear",
-    lambda x, w, b: _native(*_op_arguments("native_linear", x, w, b)),
-    "CompositeExplicitAutograd",
+    "native_linear", lambda x, w, b: _native_op(x, w, b, load=True), "CompositeExplicitAutograd"
+)
+_LIBRARY.impl(
+    "native_linear_checked", lambda x, w, b: _native_op(x, w, b), "CompositeExplicitAutograd"
 )
 _LIBRARY.impl(
     "onednn_linear",
@@ -276,6 +322,7 @@ _LIBRARY.impl(
     "CompositeExplicitAutograd",
 )
 torch.library.register_fake("hwplug::native_linear", _fake_linear, lib=_LIBRARY)
+torch.library.register_fake("hwplug::native_linear_checked", _fake_linear, lib=_LIBRARY)
 torch.library.register_fake("hwplug::onednn_linear", _fake_linear, lib=_LIBRARY)
 
 

@@ -77,11 +77,13 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DEFAULT_TIMEOUT_S",
+    "DOOR_ENV",
     "ENV",
     "SANITIZE_ENV",
     "SANITIZE_FLAGS",
     "TIMEOUT_ENV",
     "build_flags",
+    "door_library",
     "library",
     "runs",
     "unavailable_reason",
@@ -95,6 +97,8 @@ TIMEOUT_ENV = "HWPLUG_NATIVE_BUILD_TIMEOUT"
 """Seconds the whole build may take, every compiler and flag set tried included."""
 DEFAULT_TIMEOUT_S = 120.0
 """The build's time limit where :data:`TIMEOUT_ENV` is not set."""
+DOOR_ENV = "HWPLUG_NATIVE_DOOR"
+"""``0`` keeps the ops' C++ door closed: every native op call is checked in Python."""
 SANITIZE_ENV = "HWPLUG_NATIVE_SANITIZE"
 """``1`` builds the library with :data:`SANITIZE_FLAGS` instead of ``-O3``."""
 SANITIZE_FLAGS = (
@@ -121,6 +125,19 @@ _OPTIONAL_FLAGS = (("-march=native", "-fopenmp"), ("-fopenmp",), ("-march=native
 ``-march=native``, still builds."""
 
 
+class _Language(NamedTuple):
+    """How a library's sources are compiled: arguments before and after them, and the
+    version function of each interface the library must have."""
+
+    before: tuple[str, ...]
+    after: tuple[str, ...]
+    interfaces: dict[str, int]
+
+
+_C = _Language(("-std=c11",), ("-lm",), _INTERFACES)
+"""The C kernels (``csrc/*.c``)."""
+
+
 class _Build(NamedTuple):
     library: ctypes.CDLL | str
     flags: tuple[str, ...] | None = None
@@ -140,6 +157,19 @@ def library() -> ctypes.CDLL | str:
     if os.environ.get(ENV, "").strip() == "0":
         return f"{ENV}=0 is set"
     return _built().library
+
+
+def door_library() -> ctypes.CDLL | str:
+    """The loaded C++ door of the native ops (``csrc/op_door.cpp``, built with torch's
+    headers by the C++ compiler: ``$CXX``, else ``c++``, ``g++`` or ``clang++``), or
+    why there is none: ``HWPLUG_NATIVE_KERNELS=0`` or ``HWPLUG_NATIVE_DOOR=0``
+    (:data:`DOOR_ENV`), read first at each call, or a build that failed (logged once).
+    Loading it registers its kernels with torch's dispatcher; it is cached, checked and
+    locked as the C kernels are. Never raises."""
+    for variable in (ENV, DOOR_ENV):
+        if os.environ.get(variable, "").strip() == "0":
+            return f"{variable}=0 is set"
+    return _door_built().library
 
 
 def build_flags() -> tuple[str, ...] | None:
@@ -187,9 +217,65 @@ def _built() -> _Build:
     return built
 
 
-def _build() -> _Build:
+@functools.cache
+def _door_built() -> _Build:
+    built = _build(_DOOR, _door_language)
+    if isinstance(built.library, str):
+        log.warning("%s; the native ops check every call in Python", built.library)
+    return built
+
+
+def _door_language() -> _Language:
+    """How the C++ door compiles: against this torch's headers and libraries (their
+    paths, its version and its C++ ABI are in the cache key)."""
+    import torch
+
+    root = Path(torch.__file__).resolve().parent
+    abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
+    before = (
+        "-std=c++17",
+        f"-D_GLIBCXX_USE_CXX11_ABI={abi}",
+        f'-DHWPLUG_TORCH_VERSION="{torch.__version__}"',
+        "-isystem",
+        str(root / "include"),
+    )
+    lib = root / "lib"
+    after = (f"-L{lib}", "-ltorch_cpu", "-lc10", f"-Wl,-rpath,{lib}")
+    return _Language(before, after, {"hwplug_op_door_version": _DOOR_VERSION})
+
+
+class _Target(NamedTuple):
+    """One library built from ``csrc/``: the C kernels, or the ops' C++ door."""
+
+    name: str
+    """The stem of its files in the cache."""
+    compiler_variable: str
+    compiler_names: tuple[str, ...]
+    sources: str
+    """The glob of its sources in ``csrc/``."""
+    optimize: tuple[str, ...]
+    optional_flags: tuple[tuple[str, ...], ...]
+    sanitize_extra: tuple[str, ...] = ()
+
+
+_KERNELS = _Target("hwplug_cpu", "CC", ("cc", "gcc", "clang"), "*.c", ("-O3",), _OPTIONAL_FLAGS)
+_DOOR = _Target(
+    "hwplug_door",
+    "CXX",
+    ("c++", "g++", "clang++"),
+    "*.cpp",
+    ("-O2",),
+    ((),),
+    # (UBSan's vptr check needs type information of torch's classes it may not have)
+    sanitize_extra=("-fno-sanitize=vptr",),
+)
+_DOOR_VERSION = 1
+"""The version of ``hwplug_op_door_version`` this Python side speaks."""
+
+
+def _build(target: _Target = _KERNELS, language: Callable[[], _Language] | None = None) -> _Build:
     """The library found in the cache or built into it, with its flags, or why there is
-    none."""
+    none. ``language`` gives how the target's sources compile (default: C)."""
     sanitize = os.environ.get(SANITIZE_ENV, "").strip() not in ("", "0")
     # an ASan library loaded into a process without its runtime ends the process
     if sanitize and not hasattr(ctypes.CDLL(None), "__asan_init"):
@@ -197,26 +283,39 @@ def _build() -> _Build:
             f"{SANITIZE_ENV}=1 needs the compiler's AddressSanitizer runtime loaded first: "
             "LD_PRELOAD=$(cc -print-file-name=libasan.so) (make test-sanitize sets it)"
         )
-    named = os.environ.get("CC", "").strip()
+    variable = target.compiler_variable
+    named = os.environ.get(variable, "").strip()
+    kind = "C" if variable == "CC" else "C++"
     try:
-        compilers = [shlex.split(named)] if named else _found_compilers()
+        compilers = [shlex.split(named)] if named else _found_compilers(target.compiler_names)
     except ValueError as error:
         return _Build(
-            f"CC={named!r} does not parse: {error} (the native CPU kernels need a C compiler)"
+            f"{variable}={named!r} does not parse: {error} (the native CPU kernels need a "
+            f"{kind} compiler)"
         )
     if not compilers:
-        return _Build("no C compiler found (set CC, or install cc, gcc or clang)")
+        names = ", ".join(target.compiler_names[:-1]) + f" or {target.compiler_names[-1]}"
+        return _Build(f"no {kind} compiler found (set {variable}, or install {names})")
     timeout = _timeout()
     if isinstance(timeout, str):
         return _Build(timeout)
     deadline = time.monotonic() + timeout
     try:
-        sources = sorted(_SOURCES.glob("*.c"))
-        # the key covers the headers the sources include too
+        how = _C if language is None else language()
+        sources = sorted(_SOURCES.glob(target.sources))
+        # the key covers the headers the sources include too, and how they compile
         keyed = sources + sorted(_SOURCES.glob("*.h"))
         text = b"\0".join(s.name.encode() + b"\0" + s.read_bytes() for s in keyed)
-        build = functools.partial(_build_in, compilers=compilers, sources=sources, text=text)
-        flags = SANITIZE_FLAGS if sanitize else ("-O3",)
+        text += b"\0" + " ".join((*how.before, *how.after)).encode()
+        build = functools.partial(
+            _build_in,
+            compilers=compilers,
+            sources=sources,
+            text=text,
+            target=target,
+            language=how,
+        )
+        flags = SANITIZE_FLAGS + target.sanitize_extra if sanitize else target.optimize
         directory = _cache_directory()
         if directory is not None:
             return build(directory, flags, deadline)
@@ -248,19 +347,23 @@ def _build_in(
     compilers: list[list[str]],
     sources: list[Path],
     text: bytes,
+    target: _Target = _KERNELS,
+    language: _Language = _C,
 ) -> _Build:
     """The first compiler and flag set whose library loads from ``directory`` (built there
     if it must be), or the last problem. ``text`` is what the sources' key covers."""
     problems = []
     for compiler in compilers:
-        for optional in _OPTIONAL_FLAGS:
+        for optional in target.optional_flags:
             flags = base_flags + optional
             command = [*compiler, *flags]
             key = hashlib.sha256(
                 b"\0".join([text, " ".join(command).encode(), _cpu_identity().encode()])
             ).hexdigest()[:20]
             try:
-                loaded = _cached_or_built(directory / f"{_NAME}-{key}", command, sources, deadline)
+                loaded = _cached_or_built(
+                    directory / f"{target.name}-{key}", command, sources, deadline, language
+                )
             except (OSError, subprocess.SubprocessError) as error:
                 problems.append(f"{' '.join(command)}: {error}")
                 continue
@@ -272,9 +375,9 @@ def _build_in(
     return _Build("the native CPU kernels did not build: " + problems[-1])
 
 
-def _found_compilers() -> list[list[str]]:
+def _found_compilers(names: tuple[str, ...] = ("cc", "gcc", "clang")) -> list[list[str]]:
     found = []
-    for name in ("cc", "gcc", "clang"):
+    for name in names:
         path = shutil.which(name)
         if path is not None:
             found.append([path])
@@ -377,30 +480,36 @@ def _not_private(info: os.stat_result, *, directory: bool) -> str | None:
 
 
 def _cached_or_built(
-    stem: Path, command: list[str], sources: list[Path], deadline: float
+    stem: Path,
+    command: list[str],
+    sources: list[Path],
+    deadline: float,
+    language: _Language | None = None,
 ) -> ctypes.CDLL | str:
     """The library ``stem.so`` loaded if its checks pass, else rebuilt and loaded (or why
-    it does not load)."""
+    it does not load). ``language``: how its sources are compiled and which interface
+    versions it must have (default: the C kernels')."""
+    language = language or _C
     target, manifest = Path(f"{stem}.so"), Path(f"{stem}.json")
     why = _unfit(target, manifest)
     tried = why is None  # (a file that passed its checks and did not load is rebuilt)
     if tried:
-        loaded = _opened(target)
+        loaded = _opened(target, language.interfaces)
         if not isinstance(loaded, str):
             return loaded
         why = loaded
     with _locked(Path(f"{stem}.lock"), deadline):
         # another process may have built it while this one waited
         if not tried and _unfit(target, manifest) is None:
-            loaded = _opened(target)
+            loaded = _opened(target, language.interfaces)
             if not isinstance(loaded, str):
                 return loaded
             why = loaded
         if os.path.lexists(target):
             log.warning("rebuilding the native CPU kernels' %s: %s", target, why)
-        _compile(command, sources, target, manifest, deadline)
+        _compile(command, sources, target, manifest, deadline, language)
         log.info("built the native CPU kernels: %s", target)
-    return _opened(target)
+    return _opened(target, language.interfaces)
 
 
 def _unfit(target: Path, manifest: Path) -> str | None:
@@ -423,15 +532,17 @@ def _unfit(target: Path, manifest: Path) -> str | None:
     return None
 
 
-def _opened(path: Path) -> ctypes.CDLL | str:
-    """The library at ``path`` loaded, with every interface version this side speaks, or
-    why not (a library loaded without them is unloaded again)."""
+def _opened(path: Path, interfaces: dict[str, int] | None = None) -> ctypes.CDLL | str:
+    """The library at ``path`` loaded, with every interface version this side speaks
+    (``interfaces``, default the C kernels'), or why not (a library loaded without them
+    is unloaded again)."""
     try:
         loaded = ctypes.CDLL(str(path))
     except OSError as error:
         return f"{path} does not load ({error})"
     try:
-        stale = [name for name, v in _INTERFACES.items() if getattr(loaded, name)() != v]
+        wanted = _INTERFACES if interfaces is None else interfaces
+        stale = [name for name, v in wanted.items() if getattr(loaded, name)() != v]
     except AttributeError as error:
         stale = [str(error)]
     if not stale:
@@ -466,7 +577,12 @@ def _locked(path: Path, deadline: float) -> Iterator[None]:
 
 
 def _compile(
-    command: list[str], sources: list[Path], target: Path, manifest: Path, deadline: float
+    command: list[str],
+    sources: list[Path],
+    target: Path,
+    manifest: Path,
+    deadline: float,
+    language: _Language,
 ) -> None:
     """Builds ``target`` under a temporary name beside it, renames it into place, then
     writes its manifest the same way: no process ever sees half a file."""
@@ -474,7 +590,16 @@ def _compile(
     os.close(fd)
     try:
         _run(
-            [*command, "-shared", "-fPIC", "-std=c11", *map(str, sources), "-o", partial, "-lm"],
+            [
+                *command,
+                "-shared",
+                "-fPIC",
+                *language.before,
+                *map(str, sources),
+                "-o",
+                partial,
+                *language.after,
+            ],
             deadline,
         )
         # (the linker makes the file with the umask's mode)
