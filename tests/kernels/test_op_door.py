@@ -82,7 +82,7 @@ def test_the_first_call_of_a_layout_is_checked_in_python_and_later_ones_are_not(
     rows=st.integers(1, 9),
     k=st.integers(1, 300),
     n=st.integers(1, 80),
-    dtype=st.sampled_from([torch.float32, torch.bfloat16]),
+    dtype=st.sampled_from([torch.float32, torch.bfloat16, torch.float16]),
     with_bias=st.booleans(),
     pad=st.integers(0, 5),
 )
@@ -149,6 +149,21 @@ def test_either_switch_sends_every_call_to_the_python_door(
     monkeypatch.setenv(variable, "1")
     assert op_door.active()
     assert handed(lambda: OP(x, w, None)) == 0
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_16_bit_rows_of_the_vector_path_run_from_the_door_widened_and_rounded(
+    door: None, dtype: torch.dtype
+) -> None:
+    """Several 16-bit rows (the vector path on a CPU without 16-bit dot products, or
+    float16 anywhere): the door widens x to float32 and rounds the result to x's dtype,
+    as the Python door does."""
+    x, w = torch.randn(3, 48).to(dtype), torch.randn(fresh_n(), 48).to(dtype)
+    first = OP(x, w, None)
+    results: list[torch.Tensor] = []
+    assert handed(lambda: results.append(OP(x, w, None))) == 0
+    assert results[0].dtype == dtype
+    assert torch.equal(results[0], first)
 
 
 def test_layouts_the_door_does_not_run_as_python_does_are_not_approved(door: None) -> None:

@@ -203,10 +203,11 @@ def _door_path(
     x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor
 ) -> str | Literal[False] | None:
     """The kernel path the C++ door may run this checked call on exactly as
-    :func:`_native` did (None: the vector path), or False where it may not: a call
-    :func:`_native` gave to oneDNN, an empty product, ``x`` or the weight not contiguous
-    along a row, a bias that is not float32 and contiguous, or a result the kernel does
-    not write itself (a 16-bit product of the vector path, converted afterwards)."""
+    :func:`_native` did (None: the vector path, whose 16-bit rows the door widens to
+    float32 and whose result it rounds back, as :mod:`~hwplug.kernels.bindings` does),
+    or False where it may not: a call :func:`_native` gave to oneDNN, an empty product,
+    ``x`` or the weight not contiguous along a row, or a bias that is not float32 and
+    contiguous."""
     rows, inputs = x.shape
     if rows == 0 or inputs == 0 or weight.shape[0] == 0 or not _native_runs():
         return False
@@ -218,9 +219,7 @@ def _door_path(
     limit = _PAIRS_ROWS[pairs] if pairs is not None else _vector_rows(weight.dtype)
     if rows > limit:
         return False
-    if pairs is None and (weight.dtype != torch.float32 or out.dtype != torch.float32):
-        return False
-    if pairs is not None and out.dtype != torch.bfloat16:
+    if out.dtype != x.dtype:
         return False
     return pairs
 

@@ -269,7 +269,7 @@ _DOOR = _Target(
     # (UBSan's vptr check needs type information of torch's classes it may not have)
     sanitize_extra=("-fno-sanitize=vptr",),
 )
-_DOOR_VERSION = 1
+_DOOR_VERSION = 2
 """The version of ``hwplug_op_door_version`` this Python side speaks."""
 
 

@@ -133,15 +133,20 @@ at::Tensor native_linear(const at::Tensor &x, const at::Tensor &w,
     void *kernel = kernels[run.path];
     if (kernel == nullptr) return checked(x, w, bias);
     const int64_t rows = x.size(0), k = x.size(1), n = w.size(0);
-    at::Tensor y = at::empty({rows, n}, x.options().dtype(run.out));
     const int threads = at::get_num_threads();
     int status;
+    at::Tensor y;
     if (run.path == kVector) {
-        status = reinterpret_cast<VectorKernel>(kernel)(x.data_ptr(), rows, k, x.stride(0),
-                                                         w.data_ptr(), run.weight_kind, n,
-                                                         w.stride(0), bias_data, y.data_ptr(),
-                                                         n, threads);
+        /* the vector path multiplies float32 rows into float32; a 16-bit x is widened
+         * first and the result rounded to x's dtype after, as the Python door does */
+        const at::Tensor rows_f32 = x.scalar_type() == c10::ScalarType::Float ? x : x.to(at::kFloat);
+        y = at::empty({rows, n}, x.options().dtype(at::kFloat));
+        status = reinterpret_cast<VectorKernel>(kernel)(
+            rows_f32.data_ptr(), rows, k, rows_f32.stride(0), w.data_ptr(), run.weight_kind, n,
+            w.stride(0), bias_data, y.data_ptr(), n, threads);
+        if (status == 0 && run.out != c10::ScalarType::Float) y = y.to(run.out);
     } else {
+        y = at::empty({rows, n}, x.options().dtype(run.out));
         status = reinterpret_cast<PairsKernel>(kernel)(
             x.data_ptr(), rows, k, x.stride(0), w.data_ptr(), n, w.stride(0), bias_data,
             y.data_ptr(), n, run.out == c10::ScalarType::BFloat16 ? 1 : 0, threads);
@@ -155,7 +160,7 @@ at::Tensor native_linear(const at::Tensor &x, const at::Tensor &w,
 extern "C" {
 
 /* The version of this interface the Python side speaks. */
-int hwplug_op_door_version(void) { return 1; }
+int hwplug_op_door_version(void) { return 2; }
 
 /* The C library's kernels, by path; 0 bound, 1 already bound to others. */
 int hwplug_op_door_bind(void *vector, void *row, void *amx, void *dpbf16) {
@@ -173,7 +178,10 @@ int hwplug_op_door_bind(void *vector, void *row, void *amx, void *dpbf16) {
 int hwplug_op_door_approve(const int64_t *fields, int path, int weight_kind, int out_dtype) {
     if (path < 0 || path >= kPaths) return 2;
     const auto out = static_cast<c10::ScalarType>(out_dtype);
-    if (out != c10::ScalarType::Float && out != c10::ScalarType::BFloat16) return 2;
+    if (out != c10::ScalarType::Float && out != c10::ScalarType::BFloat16 &&
+        out != c10::ScalarType::Half) {
+        return 2;
+    }
     Layout layout{};
     std::memcpy(layout.v.data(), fields, sizeof(int64_t) * kFields);
     std::lock_guard<std::mutex> hold(table_lock);
