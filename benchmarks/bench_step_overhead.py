@@ -3,9 +3,13 @@
 
 tiny_engine is built as ``bench_peers.py`` builds it, a one-token decode step
 is prepared, and its host step graph (the compiled step, Inductor's C++
-wrapper) is called four ways, interleaved, ``--repeats`` rounds (medians):
+wrapper) is called five ways, interleaved, ``--repeats`` rounds (medians):
 
-- ``full``: as the engine calls it;
+- ``door``: as the engine calls it, each linear through its op's C++ door
+  (:mod:`hwplug.kernels.op_door`; where the door is not loaded, as ``full``);
+- ``full``: the same step with the door closed (``HWPLUG_NATIVE_DOOR=0``),
+  every linear entering Python, so that the ways below can take kernels out
+  by replacing Python functions;
 - ``no_kernels``: every linear returns an empty tensor and every attention
   op its output buffer, so what is left is the step's skeleton: Inductor's
   own kernels (norms, rotary, activations, residuals), the dispatch of each
@@ -18,8 +22,8 @@ wrapper) is called four ways, interleaved, ``--repeats`` rounds (medians):
 In every round the native calls themselves are timed too (``bindings.linear``
 and ``bindings.paged_decode``: the ctypes call and the kernel), so the report
 splits the step into the kernels, the Python of their doors, the skeleton, and
-what the full step costs beyond them (``interaction``). JSON on stdout,
-milliseconds per step.
+what the full step costs beyond them (``interaction``); ``door_step_ms`` is
+the ``door`` way's step. JSON on stdout, milliseconds per step.
 
 ``PYTHONPATH=src:examples/tiny_engine/src python benchmarks/bench_step_overhead.py
 [--model llama250m | --checkpoint DIR] [--dtype bf16|fp32] [--context 192]
@@ -31,6 +35,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import os
 import statistics
 import sys
 import time
@@ -107,7 +112,8 @@ def main(argv: list[str] | None = None) -> int:
 
     from hwplug.attention.context import forward_context
     from hwplug.core.config import CUDAGraphMode
-    from hwplug.kernels import bindings
+    from hwplug.kernels import bindings, op_door
+    from hwplug.kernels.native import DOOR_ENV
 
     if args.checkpoint is not None:
         checkpoint = args.checkpoint
@@ -163,21 +169,27 @@ def main(argv: list[str] | None = None) -> int:
     def no_attention(*call: Any) -> torch.Tensor:
         return call[-1] if call[-1] is not None else torch.empty_like(call[0])
 
-    def way(linear: Any, attention: Any) -> Callable[[], Any]:
+    def way(linear: Any, attention: Any, *, door: bool = False) -> Callable[[], Any]:
         def run() -> Any:
             linear_module._native, attention_module._run = linear, attention
+            # the ways that take kernels out replace Python functions, which the linear
+            # op's C++ door would not call: it is closed for them (read at each call)
+            os.environ[DOOR_ENV] = "1" if door else "0"
             try:
                 return graph(*step_args)
             finally:
                 linear_module._native, attention_module._run = real_linear, real_attention
+                os.environ[DOOR_ENV] = door_setting
 
         return run
 
+    door_setting = os.environ.get(DOOR_ENV, "1")
     ways = {
         "full": way(real_linear, real_attention),
         "no_kernels": way(no_linear, no_attention),
         "attention_only": way(no_linear, real_attention),
         "linears_only": way(real_linear, no_attention),
+        "door": way(real_linear, real_attention, door=True),
     }
     native = {"linear": 0.0, "attention": 0.0}
     calls = {"linear": bindings.linear, "attention": bindings.paged_decode}
@@ -210,6 +222,10 @@ def main(argv: list[str] | None = None) -> int:
         "repeats": args.repeats,
         "median_ms": times,
         "parts_ms": attribute(times),
+        # the step as the engine runs it, the linears through their op's C++ door (where
+        # it is loaded: hwplug.kernels.op_door), beside the full step without it
+        "door_step_ms": times["door"]["step"],
+        "op_door": op_door.unavailable_reason() or "open",
     }
     print(json.dumps(report, indent=1))
     return 0

@@ -65,7 +65,11 @@ def test_a_run_on_a_small_checkpoint_times_every_way_and_splits_the_step(tmp_pat
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads(done.stdout)
     medians = report["median_ms"]
-    assert set(medians) == {"full", "no_kernels", "attention_only", "linears_only"}
+    assert set(medians) == {"full", "no_kernels", "attention_only", "linears_only", "door"}
+    assert report["door_step_ms"] == medians["door"]["step"] > 0
+    # the door runs the linears without the Python the other ways time (where it is open)
+    if report["op_door"] == "open":
+        assert medians["door"]["linear"] == 0
     assert medians["full"]["linear"] > 0 and medians["full"]["attention"] > 0
     assert medians["no_kernels"]["linear"] == medians["no_kernels"]["attention"] == 0
     assert medians["linears_only"]["attention"] == 0 and medians["attention_only"]["linear"] == 0
