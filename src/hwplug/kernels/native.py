@@ -83,6 +83,7 @@ __all__ = [
     "SANITIZE_FLAGS",
     "TIMEOUT_ENV",
     "build_flags",
+    "door_closed_reason",
     "door_library",
     "library",
     "runs",
@@ -166,10 +167,20 @@ def door_library() -> ctypes.CDLL | str:
     (:data:`DOOR_ENV`), read first at each call, or a build that failed (logged once).
     Loading it registers its kernels with torch's dispatcher; it is cached, checked and
     locked as the C kernels are. Never raises."""
+    closed = door_closed_reason()
+    if closed is not None:
+        return closed
+    return _door_built().library
+
+
+def door_closed_reason() -> str | None:
+    """The switch that closes the ops' C++ door now (``HWPLUG_NATIVE_KERNELS=0`` or
+    ``HWPLUG_NATIVE_DOOR=0``, read at each call), or None. The door itself reads the
+    same two variables at each of its calls."""
     for variable in (ENV, DOOR_ENV):
         if os.environ.get(variable, "").strip() == "0":
             return f"{variable}=0 is set"
-    return _door_built().library
+    return None
 
 
 def build_flags() -> tuple[str, ...] | None:
@@ -208,7 +219,7 @@ def runs(loaded: Callable[[], object] | None = None) -> bool:
 
 @functools.cache
 def _built() -> _Build:
-    built = _build()
+    built = _build(_KERNELS)
     if isinstance(built.library, str):
         log.warning(
             "%s; CPU attention gathers pages instead, and linears run on oneDNN or torch",
@@ -219,7 +230,7 @@ def _built() -> _Build:
 
 @functools.cache
 def _door_built() -> _Build:
-    built = _build(_DOOR, _door_language)
+    built = _build(_DOOR)
     if isinstance(built.library, str):
         log.warning("%s; the native ops check every call in Python", built.library)
     return built
@@ -249,6 +260,10 @@ class _Target(NamedTuple):
 
     name: str
     """The stem of its files in the cache."""
+    kind: str
+    """Its language, as messages name it."""
+    language: Callable[[], _Language]
+    """How its sources compile (asked when it is built)."""
     compiler_variable: str
     compiler_names: tuple[str, ...]
     sources: str
@@ -258,9 +273,13 @@ class _Target(NamedTuple):
     sanitize_extra: tuple[str, ...] = ()
 
 
-_KERNELS = _Target("hwplug_cpu", "CC", ("cc", "gcc", "clang"), "*.c", ("-O3",), _OPTIONAL_FLAGS)
+_KERNELS = _Target(
+    "hwplug_cpu", "C", lambda: _C, "CC", ("cc", "gcc", "clang"), "*.c", ("-O3",), _OPTIONAL_FLAGS
+)
 _DOOR = _Target(
     "hwplug_door",
+    "C++",
+    _door_language,
     "CXX",
     ("c++", "g++", "clang++"),
     "*.cpp",
@@ -273,9 +292,9 @@ _DOOR_VERSION = 2
 """The version of ``hwplug_op_door_version`` this Python side speaks."""
 
 
-def _build(target: _Target = _KERNELS, language: Callable[[], _Language] | None = None) -> _Build:
+def _build(target: _Target) -> _Build:
     """The library found in the cache or built into it, with its flags, or why there is
-    none. ``language`` gives how the target's sources compile (default: C)."""
+    none."""
     sanitize = os.environ.get(SANITIZE_ENV, "").strip() not in ("", "0")
     # an ASan library loaded into a process without its runtime ends the process
     if sanitize and not hasattr(ctypes.CDLL(None), "__asan_init"):
@@ -283,9 +302,8 @@ def _build(target: _Target = _KERNELS, language: Callable[[], _Language] | None 
             f"{SANITIZE_ENV}=1 needs the compiler's AddressSanitizer runtime loaded first: "
             "LD_PRELOAD=$(cc -print-file-name=libasan.so) (make test-sanitize sets it)"
         )
-    variable = target.compiler_variable
+    variable, kind = target.compiler_variable, target.kind
     named = os.environ.get(variable, "").strip()
-    kind = "C" if variable == "CC" else "C++"
     try:
         compilers = [shlex.split(named)] if named else _found_compilers(target.compiler_names)
     except ValueError as error:
@@ -301,7 +319,7 @@ def _build(target: _Target = _KERNELS, language: Callable[[], _Language] | None 
         return _Build(timeout)
     deadline = time.monotonic() + timeout
     try:
-        how = _C if language is None else language()
+        how = target.language()
         sources = sorted(_SOURCES.glob(target.sources))
         # the key covers the headers the sources include too, and how they compile
         keyed = sources + sorted(_SOURCES.glob("*.h"))
@@ -347,8 +365,8 @@ def _build_in(
     compilers: list[list[str]],
     sources: list[Path],
     text: bytes,
-    target: _Target = _KERNELS,
-    language: _Language = _C,
+    target: _Target,
+    language: _Language,
 ) -> _Build:
     """The first compiler and flag set whose library loads from ``directory`` (built there
     if it must be), or the last problem. ``text`` is what the sources' key covers."""
@@ -484,12 +502,11 @@ def _cached_or_built(
     command: list[str],
     sources: list[Path],
     deadline: float,
-    language: _Language | None = None,
+    language: _Language,
 ) -> ctypes.CDLL | str:
     """The library ``stem.so`` loaded if its checks pass, else rebuilt and loaded (or why
     it does not load). ``language``: how its sources are compiled and which interface
-    versions it must have (default: the C kernels')."""
-    language = language or _C
+    versions it must have."""
     target, manifest = Path(f"{stem}.so"), Path(f"{stem}.json")
     why = _unfit(target, manifest)
     tried = why is None  # (a file that passed its checks and did not load is rebuilt)
@@ -532,17 +549,16 @@ def _unfit(target: Path, manifest: Path) -> str | None:
     return None
 
 
-def _opened(path: Path, interfaces: dict[str, int] | None = None) -> ctypes.CDLL | str:
+def _opened(path: Path, interfaces: dict[str, int]) -> ctypes.CDLL | str:
     """The library at ``path`` loaded, with every interface version this side speaks
-    (``interfaces``, default the C kernels'), or why not (a library loaded without them
-    is unloaded again)."""
+    (``interfaces``: each version function's name and version), or why not (a library
+    loaded without them is unloaded again)."""
     try:
         loaded = ctypes.CDLL(str(path))
     except OSError as error:
         return f"{path} does not load ({error})"
     try:
-        wanted = _INTERFACES if interfaces is None else interfaces
-        stale = [name for name, v in wanted.items() if getattr(loaded, name)() != v]
+        stale = [name for name, v in interfaces.items() if getattr(loaded, name)() != v]
     except AttributeError as error:
         stale = [str(error)]
     if not stale:

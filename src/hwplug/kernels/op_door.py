@@ -30,7 +30,6 @@ door, as before.
 from __future__ import annotations
 
 import ctypes
-import os
 import threading
 
 import torch
@@ -56,13 +55,13 @@ def open_door() -> bool:
     call; never raises (why not is :func:`unavailable_reason`)."""
     global _door, _reason
     if _door is not None:
-        return _closed() is None
+        return native.door_closed_reason() is None
     if _reason is not None:  # (tried once: a build that failed is not tried again)
         return False
     with _lock:
         if _door is None and _reason is None:
             _door, _reason = _loaded()
-    return _door is not None and _closed() is None
+    return _door is not None and native.door_closed_reason() is None
 
 
 def _loaded() -> tuple[ctypes.CDLL | None, str | None]:
@@ -90,25 +89,14 @@ def _loaded() -> tuple[ctypes.CDLL | None, str | None]:
     return door, None
 
 
-def _closed() -> str | None:
-    for variable in (native.ENV, native.DOOR_ENV):
-        if _environ_zero(variable):
-            return f"{variable}=0 is set"
-    return None
-
-
-def _environ_zero(variable: str) -> bool:
-    return os.environ.get(variable, "").strip() == "0"
-
-
 def active() -> bool:
     """Whether the door is loaded and open (it is never loaded by asking this)."""
-    return _door is not None and _closed() is None
+    return _door is not None and native.door_closed_reason() is None
 
 
 def unavailable_reason() -> str | None:
     """Why the door does not take calls now, or None when it does (loaded and open)."""
-    closed = _closed()
+    closed = native.door_closed_reason()
     if closed is not None:
         return closed
     if _door is None:
