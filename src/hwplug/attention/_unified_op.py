@@ -11,9 +11,11 @@ import torch
 
 from hwplug.attention.base import AttentionBackend
 from hwplug.attention.call import AttentionCall
-from hwplug.attention.context import step_for
+from hwplug.attention.context import current_step_variable, step_for
 from hwplug.attention.metadata import AttentionMetadata
 from hwplug.attention.registry import get_backend
+from hwplug.attention.torch_backend import TorchAttentionBackend, TorchAttentionStep
+from hwplug.kernels import op_door
 from hwplug.kernels.paged_kv import shares_memory
 
 __all__ = [
@@ -118,6 +120,7 @@ def _attend(
         scale,
         sliding_window,
         None,
+        _door(query),
     )
 
 
@@ -137,9 +140,12 @@ def _run(
     scale: float,
     sliding_window: "int | None",
     out: "torch.Tensor | None",
+    door: "op_door.AttentionDoor | None",
 ) -> torch.Tensor:
     """The body of both ops (``unified_attention_with_output`` calls it directly, with its
-    buffer as ``out``: one dispatch through torch's op machinery, not two)."""
+    buffer as ``out``: one dispatch through torch's op machinery, not two). With the
+    attention door open (``door``), a call computed on the native decode path has its
+    layer approved there (:func:`_approve`)."""
     metadata = AttentionMetadata(query_start_loc, seq_lens, block_table, slot_mapping)
     # the step the engine prepared (forward_context), when it is this step's metadata
     step = step_for(metadata)
@@ -154,7 +160,51 @@ def _run(
         v_scale,
         out,
     )
-    return _backend(backend, call, scale, sliding_window).forward_call(call)
+    impl = _backend(backend, call, scale, sliding_window)
+    result = impl.forward_call(call)
+    if door is not None and step is not None and type(impl) is TorchAttentionBackend:
+        _approve(door, call, step, (k_scale, v_scale), backend, scale, sliding_window)
+    return result
+
+
+def _door(query: torch.Tensor) -> "op_door.AttentionDoor | None":
+    """The attention door for a call on ``query``'s device (loaded and bound at the first
+    CPU call in a process), or None: another device, a closed door, none built."""
+    if query.device.type != "cpu":
+        return None
+    return op_door.attention_door(current_step_variable())
+
+
+def _approve(
+    door: op_door.AttentionDoor,
+    call: AttentionCall,
+    step: object,
+    scales: tuple[torch.Tensor, torch.Tensor],
+    backend: str,
+    scale: float,
+    sliding_window: "int | None",
+) -> None:
+    """Approve the layer of a call the torch backend has just computed, where the door
+    computes such a call of any ticketed step exactly as the backend does: decode on the
+    native kernel with the query as it is and the step's rows stored by the kernel's own
+    call (the step's route), every tensor contiguous, the result written into the given
+    output (or made by the op). The step's own values (which sequences decode, their
+    table and lengths) are the ticket's, which ``prepare`` issues for pure decode steps
+    (:meth:`TorchAttentionStep.issue_ticket`)."""
+    if not isinstance(step, TorchAttentionStep):
+        return
+    query, key, value = call.query, call.key, call.value
+    key_cache, value_cache, out = call.key_cache, call.value_cache, call.out
+    route = step.route(query, key_cache, value_cache)
+    if not (route.in_place and route.direct and route.stores_rows):
+        return
+    if not (query.is_contiguous() and key.is_contiguous() and value.is_contiguous()):
+        return
+    if out is not None and not (out.is_contiguous() and out.dtype == query.dtype):
+        return
+    door.approve_layer(
+        (query, key, value), out, (key_cache, value_cache), scales, backend, scale, sliding_window
+    )
 
 
 def _fake_attend(
@@ -219,6 +269,7 @@ def _attend_into(
         scale,
         sliding_window,
         output if _takes(output, query) else None,
+        _door(query),
     )
     if result is not output:  # (a backend that made a tensor of its own)
         output.copy_(result)
@@ -255,13 +306,17 @@ def _register(
     torch.library.register_fake(f"hwplug::{name}", fake, lib=_LIBRARY)
 
 
-_register("unified_attention", _attend, _fake_attend, ("key_cache", "value_cache"))
-_register(
-    "unified_attention_with_output",
-    _attend_into,
-    _fake_attend_into,
-    ("output", "key_cache", "value_cache"),
-)
+# ``..._checked``: the same kernels under a second name, the validated ops the C++
+# attention door (hwplug.kernels.op_door) hands every call it does not serve to; the
+# door, once loaded, is the CPU kernel of the two ops themselves.
+for _suffix in ("", "_checked"):
+    _register("unified_attention" + _suffix, _attend, _fake_attend, ("key_cache", "value_cache"))
+    _register(
+        "unified_attention_with_output" + _suffix,
+        _attend_into,
+        _fake_attend_into,
+        ("output", "key_cache", "value_cache"),
+    )
 
 OP = torch.ops.hwplug.unified_attention
 """``torch.ops.hwplug.unified_attention``: what traced graphs call."""

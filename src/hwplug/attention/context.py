@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 
 from hwplug.attention.metadata import AttentionMetadata, metadata_of
 
-__all__ = ["current_step", "forward_context", "step_for"]
+__all__ = ["current_step", "current_step_variable", "forward_context", "step_for"]
 
 _T = TypeVar("_T")
 
@@ -51,6 +51,12 @@ def forward_context(prepared: _T) -> Iterator[_T]:
 def current_step() -> Any:
     """The prepared step of the innermost :func:`forward_context`, or None."""
     return _current.get()
+
+
+def current_step_variable() -> contextvars.ContextVar[Any]:
+    """The context variable :func:`forward_context` sets: the attention ops' C++ door
+    reads it to serve a call only from the step the Python op would find here."""
+    return _current
 
 
 def step_for(metadata: AttentionMetadata) -> Any:

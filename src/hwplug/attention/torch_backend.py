@@ -57,7 +57,9 @@ class TorchAttentionBackend(AttentionBackend):
     ) -> TorchAttentionStep:
         """Check the step's values and plan it (see :class:`TorchAttentionStep`)."""
         checked = super().prepare(metadata, num_blocks=num_blocks, block_size=block_size)
-        return TorchAttentionStep(checked, num_blocks, block_size)
+        step = TorchAttentionStep(checked, num_blocks, block_size)
+        step.issue_ticket()
+        return step
 
     def attend(self, call: AttentionCall) -> torch.Tensor:
         import torch
@@ -347,6 +349,51 @@ class TorchAttentionStep(PreparedStep):
             # columns past a sequence's own blocks are never read (prepare checked the rest)
             self._native = (rows, table.to(torch.int64), lens)
         return self._native
+
+    def issue_ticket(self) -> bool:
+        """Issue this step's ticket to the attention ops' C++ door where it is open (a
+        CPU op call in this process loaded it) and this is a pure decode step: every
+        sequence with a token decodes one, from the first query rows, so the door
+        attends each layer from :meth:`native_decode` as :meth:`TorchAttentionBackend.
+        attend` does; whether it was issued. The ticket serves only while this step is
+        the current one (:func:`~hwplug.attention.forward_context`) and is revoked when
+        the step is freed."""
+        import torch
+
+        # lazy: torch; `import hwplug` (which lists the backends) stays light
+        from hwplug.kernels import op_door
+
+        door = op_door.bound_attention_door()
+        decoding = len(self._decoding)
+        if door is None or self.prefills or decoding == 0 or self.total != decoding:
+            return False
+        metadata = self.metadata
+        if metadata.device.type != "cpu":
+            return False
+        rows, table, lens = self.native_decode()
+        slots = self.slots
+        if not (
+            isinstance(rows, int)
+            and table.stride(-1) == 1
+            and slots.dtype == torch.int64
+            and slots.is_contiguous()
+        ):
+            return False
+        tensors = (
+            metadata.query_start_loc,
+            metadata.seq_lens,
+            metadata.block_table,
+            metadata.slot_mapping,
+        )
+        return door.issue(
+            self,
+            tensors,
+            table,
+            lens,
+            slots,
+            num_blocks=self.num_blocks,
+            block_size=self.block_size,
+        )
 
     def sorted_decodes(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The decoding sequences for the gather path, shortest first: their query rows,

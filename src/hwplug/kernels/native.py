@@ -66,6 +66,7 @@ import shutil
 import signal
 import stat
 import subprocess
+import sysconfig
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -238,7 +239,8 @@ def _door_built() -> _Build:
 
 def _door_language() -> _Language:
     """How the C++ door compiles: against this torch's headers and libraries (their
-    paths, its version and its C++ ABI are in the cache key)."""
+    paths, its version and its C++ ABI are in the cache key), and Python's headers where
+    they are (the attention door reads a context variable through Python's C API)."""
     import torch
 
     root = Path(torch.__file__).resolve().parent
@@ -250,6 +252,9 @@ def _door_language() -> _Language:
         "-isystem",
         str(root / "include"),
     )
+    python = Path(sysconfig.get_paths()["include"])
+    if (python / "Python.h").is_file():  # (without it the attention door is built empty)
+        before += ("-isystem", str(python))
     lib = root / "lib"
     after = (f"-L{lib}", "-ltorch_cpu", "-lc10", f"-Wl,-rpath,{lib}")
     return _Language(before, after, {"hwplug_op_door_version": _DOOR_VERSION})
@@ -288,7 +293,7 @@ _DOOR = _Target(
     # (UBSan's vptr check needs type information of torch's classes it may not have)
     sanitize_extra=("-fno-sanitize=vptr",),
 )
-_DOOR_VERSION = 2
+_DOOR_VERSION = 3
 """The version of ``hwplug_op_door_version`` this Python side speaks."""
 
 

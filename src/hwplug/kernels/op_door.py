@@ -30,13 +30,24 @@ door, as before.
 from __future__ import annotations
 
 import ctypes
+import struct
 import threading
+import weakref
 
 import torch
 
 from hwplug.kernels import bindings, native
 
-__all__ = ["active", "approve", "approved_layouts", "open_door", "unavailable_reason"]
+__all__ = [
+    "AttentionDoor",
+    "active",
+    "approve",
+    "approved_layouts",
+    "attention_door",
+    "bound_attention_door",
+    "open_door",
+    "unavailable_reason",
+]
 
 _SCALAR_TYPES = {torch.float16: 5, torch.float32: 6, torch.float64: 7, torch.bfloat16: 15}
 """torch's C++ codes (``c10::ScalarType``) of the dtypes a layout names."""
@@ -47,6 +58,7 @@ _FIELDS = ctypes.c_int64 * 13
 _lock = threading.Lock()
 _door: ctypes.CDLL | None = None
 _reason: str | None = None
+_attention: AttentionDoor | None = None
 
 
 def open_door() -> bool:
@@ -77,6 +89,8 @@ def _loaded() -> tuple[ctypes.CDLL | None, str | None]:
     door.hwplug_op_door_approve.argtypes = [_FIELDS, ctypes.c_int, ctypes.c_int, ctypes.c_int]
     door.hwplug_op_door_approved.restype = ctypes.c_int64
     door.hwplug_op_door_approved.argtypes = []
+    door.hwplug_attention_door_available.restype = ctypes.c_int
+    door.hwplug_attention_door_available.argtypes = []
     functions = (
         kernels.hwplug_linear,
         kernels.hwplug_linear_row_bf16,
@@ -142,3 +156,182 @@ def approved_layouts() -> int:
     """How many layouts the door has approved in this process (0 where it is not loaded)."""
     door = _door
     return 0 if door is None else int(door.hwplug_op_door_approved())
+
+
+# -- attention ----------------------------------------------------------------------------
+_LAYER_FIELDS = ctypes.c_int64 * 66
+_META_FIELDS = ctypes.c_int64 * 28
+_COUNTS = ctypes.c_int64 * 4
+
+
+def bound_attention_door() -> AttentionDoor | None:
+    """The attention door once :func:`attention_door` has bound it, while the door is
+    open; None otherwise (nothing is built or loaded by asking)."""
+    door = _attention
+    if door is None or native.door_closed_reason() is not None:
+        return None
+    return door
+
+
+def attention_door(current_step: object) -> AttentionDoor | None:
+    """The door of ``hwplug::unified_attention`` and ``..._with_output``
+    (``csrc/attention_door.cpp``), opened (:func:`open_door`) and bound to the native
+    decode kernel and to ``current_step``, the :class:`contextvars.ContextVar` whose value
+    is the calling context's prepared step (``hwplug.attention``'s ``forward_context``);
+    None where it is closed, cannot be built, or was built without Python's headers.
+    Never raises."""
+    global _attention
+    if not open_door() or _door is None:
+        return None
+    if _attention is not None:
+        return _attention if _attention.variable is current_step else None
+    with _lock:
+        if _attention is None and _door.hwplug_attention_door_available() == 1:
+            _attention = AttentionDoor.bind(_door, current_step)
+    return _attention if _attention is not None and _attention.variable is current_step else None
+
+
+def _describe(fields: list[int], tensor: torch.Tensor | None) -> None:
+    """A tensor's part of a layer's layout, as the door reads it: dtype, rank, four sizes
+    and four strides (-1 past its rank; all -1 for none)."""
+    if tensor is None:
+        fields.extend([-1] * 10)
+        return
+    rank = tensor.dim()
+    fields.append(_SCALAR_TYPES[tensor.dtype])
+    fields.append(rank)
+    fields.extend(tensor.shape)
+    fields.extend([-1] * (4 - rank))
+    fields.extend(tensor.stride())
+    fields.extend([-1] * (4 - rank))
+
+
+def _describe_meta(fields: list[int], tensor: torch.Tensor) -> None:
+    rank = tensor.dim()
+    fields.append(tensor.data_ptr())
+    fields.append(_INDEX_TYPES[tensor.dtype])
+    fields.append(rank)
+    fields.extend(tensor.shape)
+    fields.extend([-1] * (2 - rank))
+    fields.extend(tensor.stride())
+    fields.extend([-1] * (2 - rank))
+
+
+_INDEX_TYPES = {torch.int32: 3, torch.int64: 4}
+"""torch's C++ codes of the metadata's integer dtypes."""
+
+
+class AttentionDoor:
+    """The attention door's Python side: what hwplug.attention approves through it.
+
+    Only the validated attention ops approve layers (:meth:`approve_layer`) and only
+    the torch backend's ``prepare`` issues tickets (:meth:`issue`); see
+    ``csrc/attention_door.cpp`` for what the door checks on every call.
+    """
+
+    def __init__(self, library: ctypes.CDLL, variable: object) -> None:
+        self.library = library
+        self.variable = variable
+
+    @classmethod
+    def bind(cls, door: ctypes.CDLL, variable: object) -> AttentionDoor | None:
+        door.hwplug_attention_door_bind.restype = ctypes.c_int
+        door.hwplug_attention_door_bind.argtypes = [ctypes.c_void_p, ctypes.py_object]
+        door.hwplug_attention_door_approve.restype = ctypes.c_int
+        door.hwplug_attention_door_approve.argtypes = [_LAYER_FIELDS, ctypes.c_char_p]
+        door.hwplug_attention_door_issue.restype = ctypes.c_int
+        door.hwplug_attention_door_issue.argtypes = [
+            ctypes.c_int64,
+            _META_FIELDS,
+            *[ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p],
+            *[ctypes.c_int64] * 4,
+        ]
+        door.hwplug_attention_door_revoke.restype = None
+        door.hwplug_attention_door_revoke.argtypes = [ctypes.c_int64]
+        door.hwplug_attention_door_counts.restype = None
+        door.hwplug_attention_door_counts.argtypes = [_COUNTS]
+        kernels = bindings.library()
+        if isinstance(kernels, str):
+            return None
+        decode = ctypes.cast(kernels.hwplug_paged_decode, ctypes.c_void_p)
+        if door.hwplug_attention_door_bind(decode, variable) != 0:
+            return None
+        return cls(door, variable)
+
+    def approve_layer(
+        self,
+        tensors: tuple[torch.Tensor, ...],
+        output: torch.Tensor | None,
+        caches: tuple[torch.Tensor, torch.Tensor],
+        scales: tuple[torch.Tensor, torch.Tensor],
+        backend: str,
+        scale: float,
+        sliding_window: int | None,
+    ) -> bool:
+        """Approve the layout of an attention call the validated op has just checked and
+        computed on the native decode path: ``tensors`` the query, key and value,
+        ``output`` the buffer it wrote into (None: the op made its result), the caches,
+        the two scale tensors, the backend's name, ``scale`` and ``sliding_window``.
+        Whether the door took it."""
+        fields: list[int] = []
+        try:
+            for tensor in (*tensors, output, *caches):
+                _describe(fields, tensor)
+            for tensor in scales:
+                fields.extend((_SCALAR_TYPES[tensor.dtype], tensor.dim()))
+        except KeyError:  # (a dtype the door never runs)
+            return False
+        fields.append(struct.unpack("q", struct.pack("d", float(scale)))[0])
+        fields.append(-1 if sliding_window is None else int(sliding_window))
+        name = backend.encode()
+        return self.library.hwplug_attention_door_approve(_LAYER_FIELDS(*fields), name) == 0
+
+    def issue(
+        self,
+        step: object,
+        metadata: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor],
+        table: torch.Tensor,
+        lens: torch.Tensor,
+        slots: torch.Tensor,
+        *,
+        num_blocks: int,
+        block_size: int,
+    ) -> bool:
+        """Issue ``step``'s ticket: a prepared decode step whose sequences ``0..n-1`` each
+        decode one token from query rows ``0..n-1`` (``n``: ``lens``'s length), with the
+        four metadata tensors the op is given (``query_start_loc``, ``seq_lens``,
+        ``block_table``, ``slot_mapping``), the int64 ``table`` (rows contiguous) and
+        ``lens`` (contiguous) the kernel reads, and the ``n`` contiguous int64 ``slots`` its
+        rows are stored at. ``step`` must keep these tensors alive; the ticket is revoked
+        when ``step`` is freed. Whether the door took it."""
+        fields: list[int] = []
+        try:
+            for tensor in metadata:
+                _describe_meta(fields, tensor)
+        except KeyError:
+            return False
+        key = id(step)
+        issued = self.library.hwplug_attention_door_issue(
+            key,
+            _META_FIELDS(*fields),
+            table.data_ptr(),
+            table.stride(0),
+            table.shape[1],
+            lens.data_ptr(),
+            slots.data_ptr(),
+            lens.shape[0],
+            metadata[3].shape[0],
+            num_blocks,
+            block_size,
+        )
+        if issued != 0:
+            return False
+        weakref.finalize(step, self.library.hwplug_attention_door_revoke, key)
+        return True
+
+    def counts(self) -> dict[str, int]:
+        """Layers approved, tickets alive, calls the door served and calls it handed to
+        the validated ops, in this process."""
+        counts = _COUNTS()
+        self.library.hwplug_attention_door_counts(counts)
+        return dict(zip(("layers", "tickets", "served", "handed"), counts, strict=True))

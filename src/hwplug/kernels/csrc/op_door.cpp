@@ -23,9 +23,10 @@
 #include <ATen/ops/empty.h>
 #include <torch/library.h>
 
+#include "door.h"
+
 #include <array>
 #include <cstdint>
-#include <cstdlib>
 #include <cstring>
 #include <mutex>
 #include <optional>
@@ -80,21 +81,6 @@ Layout layout_of(const at::Tensor &x, const at::Tensor &w, int64_t bias_dtype,
                    w.stride(0), w.stride(1), bias_dtype, bias_size, bias_stride}};
 }
 
-bool switched_off(const char *name) {
-    const char *value = std::getenv(name);
-    if (value == nullptr) return false;
-    while (*value == ' ' || *value == '\t' || *value == '\n') value++;
-    if (*value != '0') return false;
-    value++;
-    while (*value == ' ' || *value == '\t' || *value == '\n') value++;
-    return *value == '\0';
-}
-
-bool plain(const at::Tensor &t, int64_t dims) {
-    return t.dim() == dims && t.layout() == c10::kStrided && t.device().is_cpu() && !t.is_neg() &&
-           !t.is_conj();
-}
-
 at::Tensor checked(const at::Tensor &x, const at::Tensor &w, const std::optional<at::Tensor> &bias) {
     static auto op =
         c10::Dispatcher::singleton()
@@ -105,12 +91,12 @@ at::Tensor checked(const at::Tensor &x, const at::Tensor &w, const std::optional
 
 at::Tensor native_linear(const at::Tensor &x, const at::Tensor &w,
                          const std::optional<at::Tensor> &bias) {
-    if (!plain(x, 2) || !plain(w, 2)) return checked(x, w, bias);
+    if (!hwplug_door::plain(x, 2) || !hwplug_door::plain(w, 2)) return checked(x, w, bias);
     int64_t bias_dtype = -1, bias_size = 0, bias_stride = 0;
     const void *bias_data = nullptr;
     if (bias.has_value()) {
         const at::Tensor &b = *bias;
-        if (!plain(b, 1)) return checked(x, w, bias);
+        if (!hwplug_door::plain(b, 1)) return checked(x, w, bias);
         bias_dtype = static_cast<int64_t>(b.scalar_type());
         bias_size = b.size(0);
         bias_stride = b.stride(0);
@@ -127,7 +113,7 @@ at::Tensor native_linear(const at::Tensor &x, const at::Tensor &w,
             found = true;
         }
     }
-    if (!found || switched_off("HWPLUG_NATIVE_KERNELS") || switched_off("HWPLUG_NATIVE_DOOR")) {
+    if (!found || hwplug_door::closed()) {
         return checked(x, w, bias);
     }
     void *kernel = kernels[run.path];
@@ -160,7 +146,7 @@ at::Tensor native_linear(const at::Tensor &x, const at::Tensor &w,
 extern "C" {
 
 /* The version of this interface the Python side speaks. */
-int hwplug_op_door_version(void) { return 2; }
+int hwplug_op_door_version(void) { return 3; }
 
 /* The C library's kernels, by path; 0 bound, 1 already bound to others. */
 int hwplug_op_door_bind(void *vector, void *row, void *amx, void *dpbf16) {

@@ -1,0 +1,439 @@
+/*
+ * The C++ door of hwplug::unified_attention and hwplug::unified_attention_with_output:
+ * a compiled decode step runs each layer's attention on the native kernel with no Python
+ * in between, for calls Python has already checked twice over.
+ *
+ * A call runs here only when two approvals, both written by Python alone, cover it:
+ *
+ * - its layer: the dtypes, sizes and strides of every tensor argument, the backend's
+ *   name, scale and sliding window. hwplug.attention approves a layer after its
+ *   validated op (hwplug::unified_attention_checked, ..._with_output_checked: the ops'
+ *   Python kernels) has checked and computed a call of it on the torch backend's
+ *   native path: the query taken as it is, the step's rows stored by the kernel's own
+ *   call, the result written into the output where it may be;
+ * - its step: the torch backend's prepare() issues a ticket for a prepared decode step
+ *   (every sequence decodes one token, in the first rows) naming the step object, the
+ *   memory and shapes of its four metadata tensors, and the int64 block table, lengths
+ *   and slots the kernel reads. The ticket is used only while that very step is the
+ *   current one of the calling context (hwplug.attention.forward_context: a Python
+ *   context variable, read here), so exactly when the Python op would attend from it,
+ *   and it is revoked when the step object is freed.
+ *
+ * Anything else goes to the validated ops, which raise the named errors or compute the
+ * call: a layer or step not approved, tensors that share memory (checked here on every
+ * call, from their addresses), a cache of other geometry than the step's, a closed door
+ * (HWPLUG_NATIVE_KERNELS=0, HWPLUG_NATIVE_DOOR=0) and any status of the kernel, which
+ * checks every index it reads (block ids, lengths, slots) itself.
+ *
+ * Reading the context variable needs Python's C API: without Python's headers this part
+ * is built empty and every call goes to the validated ops.
+ */
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/ops/empty.h>
+#include <c10/util/string_view.h>
+#include <torch/library.h>
+
+#include <array>
+#include <cstdint>
+#include <cstring>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <unordered_map>
+
+#include "door.h"
+
+#if defined(__has_include)
+#if __has_include(<Python.h>)
+#define HWPLUG_ATTENTION_DOOR 1
+#include <Python.h>
+#endif
+#endif
+
+#if defined(HWPLUG_ATTENTION_DOOR)
+
+namespace {
+
+/* hwplug_paged_decode of the C library (csrc/paged_decode.c). */
+using DecodeKernel = int (*)(const void *query, int qkind, void *key_cache, void *value_cache,
+                             int kind, const float *lut, int64_t block_stride,
+                             int64_t pos_stride, int64_t head_stride, const int64_t *table,
+                             int64_t table_stride, const int64_t *lens, int64_t n, int kv_heads,
+                             int group, int head_size, int block_size, int64_t window,
+                             float scale, void *out, int threads, const void *new_keys,
+                             const void *new_values, const int64_t *slots, int64_t new_rows,
+                             int64_t num_blocks, int64_t table_cols, int64_t *fault);
+
+/* A tensor's part of a layout: dtype, rank, four sizes and four strides (-1 past its
+ * rank; all -1 for a tensor not given). */
+constexpr int kTensorFields = 10;
+/* A layer: query, key, value, output, key_cache, value_cache; the two scales' dtype and
+ * rank; the scale's bits; the sliding window (-1: none). */
+constexpr int kLayerFields = 6 * kTensorFields + 4 + 2;
+/* A step's metadata tensors: query_start_loc, seq_lens, block_table, slot_mapping, each
+ * its address, dtype, rank, two sizes and two strides (-1 past its rank). */
+constexpr int kMetaFields = 4 * 7;
+
+void describe(int64_t *f, const at::Tensor *t) {
+    for (int i = 0; i < kTensorFields; i++) f[i] = -1;
+    if (t == nullptr) return;
+    f[0] = static_cast<int64_t>(t->scalar_type());
+    f[1] = t->dim();
+    for (int64_t d = 0; d < t->dim() && d < 4; d++) {
+        f[2 + d] = t->size(d);
+        f[6 + d] = t->stride(d);
+    }
+}
+
+struct Layer {
+    std::array<int64_t, kLayerFields> v;
+    std::string backend;
+    bool operator==(const Layer &o) const { return v == o.v && backend == o.backend; }
+};
+struct LayerHash {
+    size_t operator()(const Layer &layer) const {
+        uint64_t h = 1469598103934665603ull; /* FNV-1a over the fields, then the name */
+        for (int64_t f : layer.v) h = (h ^ static_cast<uint64_t>(f)) * 1099511628211ull;
+        for (char c : layer.backend) h = (h ^ static_cast<uint8_t>(c)) * 1099511628211ull;
+        return static_cast<size_t>(h);
+    }
+};
+
+/* What a ticket names: the step's metadata as the op sees it, and what the kernel reads. */
+struct Ticket {
+    std::array<int64_t, kMetaFields> meta;
+    const int64_t *table;
+    int64_t table_stride, table_cols;
+    const int64_t *lens;
+    const int64_t *slots;
+    int64_t decoding;  /* sequences 0..decoding-1 decode, from query rows 0..decoding-1 */
+    int64_t rows;      /* the step's rows (= decoding), each stored at its slot */
+    int64_t num_tokens;
+    int64_t num_blocks, block_size;
+};
+
+constexpr size_t kMaxLayers = 4096;  /* layer layouts kept (a model has a handful) */
+constexpr size_t kMaxTickets = 256;  /* steps alive at once (an engine has one or two) */
+std::mutex lock;
+std::unordered_map<Layer, char, LayerHash> layers;
+std::unordered_map<int64_t, Ticket> tickets;
+DecodeKernel kernel = nullptr;
+PyObject *current_step = nullptr; /* the context variable of forward_context (a reference) */
+int64_t served = 0, handed = 0;
+
+void describe_meta(int64_t *f, const at::Tensor &t) {
+    f[0] = reinterpret_cast<int64_t>(t.data_ptr());
+    f[1] = static_cast<int64_t>(t.scalar_type());
+    f[2] = t.dim();
+    f[3] = f[4] = f[5] = f[6] = -1;
+    for (int64_t d = 0; d < t.dim() && d < 2; d++) {
+        f[3 + d] = t.size(d);
+        f[5 + d] = t.stride(d);
+    }
+}
+
+/* The id of the calling context's current step (0: none), as Python's id() gives it. */
+int64_t current_step_id() {
+    PyGILState_STATE gil = PyGILState_Ensure();
+    PyObject *value = nullptr;
+    int64_t id = 0;
+    if (PyContextVar_Get(current_step, nullptr, &value) == 0 && value != nullptr) {
+        if (value != Py_None) id = reinterpret_cast<int64_t>(value);
+        Py_DECREF(value);
+    } else {
+        PyErr_Clear();
+    }
+    PyGILState_Release(gil);
+    return id;
+}
+
+/* The byte span a tensor's elements cover: [first, last). */
+struct Span {
+    uintptr_t first, last;
+};
+Span span_of(const at::Tensor &t) {
+    const uintptr_t start = reinterpret_cast<uintptr_t>(t.data_ptr());
+    int64_t extent = 0;
+    for (int64_t d = 0; d < t.dim(); d++) {
+        if (t.size(d) > 1) extent += (t.size(d) - 1) * t.stride(d);
+    }
+    return Span{start, start + static_cast<uintptr_t>((extent + 1) * t.element_size())};
+}
+Span span_of(const void *data, int64_t bytes) {
+    const uintptr_t start = reinterpret_cast<uintptr_t>(data);
+    return Span{start, start + static_cast<uintptr_t>(bytes)};
+}
+
+/* Whether no written span meets another argument's (the kernel's arguments must not share
+ * memory; where two spans merely meet, the validated op decides with its exact test). */
+bool apart(const std::array<Span, 9> &spans, int written) {
+    for (int i = 0; i < written; i++) {
+        for (size_t j = 0; j < spans.size(); j++) {
+            if (static_cast<int>(j) == i || spans[j].first == spans[j].last) continue;
+            if (spans[i].first < spans[j].last && spans[j].first < spans[i].last) return false;
+        }
+    }
+    return true;
+}
+
+using Scale = const at::Tensor &;
+
+void checked_into(const at::Tensor &query, const at::Tensor &key, const at::Tensor &value,
+                  const at::Tensor &output, const at::Tensor &key_cache,
+                  const at::Tensor &value_cache, const at::Tensor &query_start_loc,
+                  const at::Tensor &seq_lens, const at::Tensor &block_table,
+                  const at::Tensor &slot_mapping, Scale k_scale, Scale v_scale,
+                  c10::string_view backend, double scale, std::optional<int64_t> window) {
+    static auto op = c10::Dispatcher::singleton()
+                         .findSchemaOrThrow("hwplug::unified_attention_with_output_checked", "")
+                         .typed<void(const at::Tensor &, const at::Tensor &, const at::Tensor &,
+                                     const at::Tensor &, const at::Tensor &, const at::Tensor &,
+                                     const at::Tensor &, const at::Tensor &, const at::Tensor &,
+                                     const at::Tensor &, const at::Tensor &, const at::Tensor &,
+                                     c10::string_view, double, std::optional<int64_t>)>();
+    op.call(query, key, value, output, key_cache, value_cache, query_start_loc, seq_lens,
+            block_table, slot_mapping, k_scale, v_scale, backend, scale, window);
+}
+
+at::Tensor checked(const at::Tensor &query, const at::Tensor &key, const at::Tensor &value,
+                   const at::Tensor &key_cache, const at::Tensor &value_cache,
+                   const at::Tensor &query_start_loc, const at::Tensor &seq_lens,
+                   const at::Tensor &block_table, const at::Tensor &slot_mapping, Scale k_scale,
+                   Scale v_scale, c10::string_view backend, double scale,
+                   std::optional<int64_t> window) {
+    static auto op = c10::Dispatcher::singleton()
+                         .findSchemaOrThrow("hwplug::unified_attention_checked", "")
+                         .typed<at::Tensor(const at::Tensor &, const at::Tensor &,
+                                           const at::Tensor &, const at::Tensor &,
+                                           const at::Tensor &, const at::Tensor &,
+                                           const at::Tensor &, const at::Tensor &,
+                                           const at::Tensor &, const at::Tensor &,
+                                           const at::Tensor &, c10::string_view, double,
+                                           std::optional<int64_t>)>();
+    return op.call(query, key, value, key_cache, value_cache, query_start_loc, seq_lens,
+                   block_table, slot_mapping, k_scale, v_scale, backend, scale, window);
+}
+
+/* Attend from the door into `out` (the query's shape and dtype, contiguous); whether it
+ * did (false: the call is the validated op's). */
+bool attend(const at::Tensor &query, const at::Tensor &key, const at::Tensor &value,
+            const at::Tensor *output, const at::Tensor &key_cache,
+            const at::Tensor &value_cache, const at::Tensor &query_start_loc,
+            const at::Tensor &seq_lens, const at::Tensor &block_table,
+            const at::Tensor &slot_mapping, Scale k_scale, Scale v_scale,
+            c10::string_view backend, double scale, std::optional<int64_t> window,
+            at::Tensor *made) {
+    using hwplug_door::plain;
+    if (kernel == nullptr || hwplug_door::closed()) return false;
+    if (!plain(query, 3) || !plain(key, 3) || !plain(value, 3) || !plain(key_cache, 4) ||
+        !plain(value_cache, 4) || !plain(query_start_loc, 1) || !plain(seq_lens, 1) ||
+        !plain(block_table, 2) || !plain(slot_mapping, 1) || !plain(k_scale, 0) ||
+        !plain(v_scale, 0) || (output != nullptr && !plain(*output, 3))) {
+        return false;
+    }
+    Layer layer{};
+    int64_t *f = layer.v.data();
+    describe(f, &query);
+    describe(f + kTensorFields, &key);
+    describe(f + 2 * kTensorFields, &value);
+    describe(f + 3 * kTensorFields, output);
+    describe(f + 4 * kTensorFields, &key_cache);
+    describe(f + 5 * kTensorFields, &value_cache);
+    int64_t *rest = f + 6 * kTensorFields;
+    rest[0] = static_cast<int64_t>(k_scale.scalar_type());
+    rest[1] = k_scale.dim();
+    rest[2] = static_cast<int64_t>(v_scale.scalar_type());
+    rest[3] = v_scale.dim();
+    std::memcpy(&rest[4], &scale, sizeof(double));
+    rest[5] = window.has_value() ? *window : -1;
+    layer.backend.assign(backend.data(), backend.size());
+
+    const int64_t step = current_step_id();
+    Ticket ticket{};
+    {
+        std::lock_guard<std::mutex> hold(lock);
+        if (step == 0 || layers.find(layer) == layers.end()) return false;
+        auto it = tickets.find(step);
+        if (it == tickets.end()) return false;
+        ticket = it->second;
+    }
+    std::array<int64_t, kMetaFields> meta{};
+    describe_meta(meta.data(), query_start_loc);
+    describe_meta(meta.data() + 7, seq_lens);
+    describe_meta(meta.data() + 14, block_table);
+    describe_meta(meta.data() + 21, slot_mapping);
+    if (meta != ticket.meta) return false;
+    const int64_t n = query.size(0);
+    if (n != ticket.num_tokens || key_cache.size(0) != ticket.num_blocks ||
+        key_cache.size(1) != ticket.block_size || ticket.rows > n || ticket.decoding < 1) {
+        return false;
+    }
+    at::Tensor out = output != nullptr ? *output : at::empty(query.sizes(), query.options());
+    const int64_t lens_bytes = ticket.decoding * 8;
+    const int64_t table_bytes = ((ticket.decoding - 1) * ticket.table_stride + ticket.table_cols) * 8;
+    /* written first: the output and the caches */
+    const std::array<Span, 9> spans{span_of(out),
+                                    span_of(key_cache),
+                                    span_of(value_cache),
+                                    span_of(query),
+                                    span_of(key),
+                                    span_of(value),
+                                    span_of(ticket.table, table_bytes),
+                                    span_of(ticket.lens, lens_bytes),
+                                    span_of(ticket.slots, ticket.rows * 8)};
+    if (!apart(spans, 3)) return false;
+
+    const int kv_heads = static_cast<int>(key_cache.size(2));
+    const int qkind = query.scalar_type() == c10::ScalarType::Float ? 0 : 1;
+    const int kind = qkind; /* the approved layer's cache has the query's dtype */
+    if (ticket.rows < n) {
+        /* rows past the step's tokens are padding: zero, as the Python op leaves them */
+        const int64_t row_bytes = query.size(1) * query.size(2) * out.element_size();
+        std::memset(static_cast<char *>(out.data_ptr()) + ticket.rows * row_bytes, 0,
+                    static_cast<size_t>((n - ticket.rows) * row_bytes));
+    }
+    int64_t fault[3] = {0, 0, 0};
+    const int status = kernel(
+        query.data_ptr(), qkind, key_cache.data_ptr(), value_cache.data_ptr(), kind, nullptr,
+        key_cache.stride(0), key_cache.stride(1), key_cache.stride(2), ticket.table,
+        ticket.table_stride, ticket.lens, ticket.decoding, kv_heads,
+        static_cast<int>(query.size(1) / kv_heads), static_cast<int>(query.size(2)),
+        static_cast<int>(ticket.block_size), window.has_value() ? *window : 0,
+        static_cast<float>(scale), out.data_ptr(), at::get_num_threads(), key.data_ptr(),
+        value.data_ptr(), ticket.slots, ticket.rows, key_cache.size(0), ticket.table_cols, fault);
+    if (status != 0) return false; /* (the kernel wrote nothing: the validated op explains) */
+    if (made != nullptr) *made = out;
+    return true;
+}
+
+at::Tensor unified_attention(const at::Tensor &query, const at::Tensor &key,
+                             const at::Tensor &value, const at::Tensor &key_cache,
+                             const at::Tensor &value_cache, const at::Tensor &query_start_loc,
+                             const at::Tensor &seq_lens, const at::Tensor &block_table,
+                             const at::Tensor &slot_mapping, Scale k_scale, Scale v_scale,
+                             c10::string_view backend, double scale,
+                             std::optional<int64_t> window) {
+    at::Tensor out;
+    if (attend(query, key, value, nullptr, key_cache, value_cache, query_start_loc, seq_lens,
+               block_table, slot_mapping, k_scale, v_scale, backend, scale, window, &out)) {
+        std::lock_guard<std::mutex> hold(lock);
+        served++;
+        return out;
+    }
+    {
+        std::lock_guard<std::mutex> hold(lock);
+        handed++;
+    }
+    return checked(query, key, value, key_cache, value_cache, query_start_loc, seq_lens,
+                   block_table, slot_mapping, k_scale, v_scale, backend, scale, window);
+}
+
+void unified_attention_with_output(const at::Tensor &query, const at::Tensor &key,
+                                   const at::Tensor &value, const at::Tensor &output,
+                                   const at::Tensor &key_cache, const at::Tensor &value_cache,
+                                   const at::Tensor &query_start_loc,
+                                   const at::Tensor &seq_lens, const at::Tensor &block_table,
+                                   const at::Tensor &slot_mapping, Scale k_scale, Scale v_scale,
+                                   c10::string_view backend, double scale,
+                                   std::optional<int64_t> window) {
+    if (attend(query, key, value, &output, key_cache, value_cache, query_start_loc, seq_lens,
+               block_table, slot_mapping, k_scale, v_scale, backend, scale, window, nullptr)) {
+        std::lock_guard<std::mutex> hold(lock);
+        served++;
+        return;
+    }
+    {
+        std::lock_guard<std::mutex> hold(lock);
+        handed++;
+    }
+    checked_into(query, key, value, output, key_cache, value_cache, query_start_loc, seq_lens,
+                 block_table, slot_mapping, k_scale, v_scale, backend, scale, window);
+}
+
+}  // namespace
+
+extern "C" {
+
+/* Whether this build has the attention door (1) or was built without Python's headers (0). */
+int hwplug_attention_door_available(void) { return 1; }
+
+/* The C library's decode kernel and forward_context's context variable (a new reference is
+ * kept); 0 bound, 1 already bound to others. Called with the GIL held. */
+int hwplug_attention_door_bind(void *decode, PyObject *variable) {
+    std::lock_guard<std::mutex> hold(lock);
+    if (kernel != nullptr) {
+        return kernel == reinterpret_cast<DecodeKernel>(decode) && current_step == variable ? 0 : 1;
+    }
+    Py_INCREF(variable);
+    current_step = variable;
+    kernel = reinterpret_cast<DecodeKernel>(decode);
+    return 0;
+}
+
+/* Approve a layer Python has checked and computed on the native path. 0 approved; 1 the
+ * table is full. */
+int hwplug_attention_door_approve(const int64_t *fields, const char *backend) {
+    Layer layer{};
+    std::memcpy(layer.v.data(), fields, sizeof(int64_t) * kLayerFields);
+    layer.backend = backend;
+    std::lock_guard<std::mutex> hold(lock);
+    if (layers.size() >= kMaxLayers && layers.find(layer) == layers.end()) return 1;
+    layers.emplace(std::move(layer), 1);
+    return 0;
+}
+
+/* Issue the ticket of step `step` (its Python id), whose object keeps the tensors named
+ * alive until hwplug_attention_door_revoke. 0 issued; 1 the table is full. */
+int hwplug_attention_door_issue(int64_t step, const int64_t *meta, const int64_t *table,
+                                int64_t table_stride, int64_t table_cols, const int64_t *lens,
+                                const int64_t *slots, int64_t decoding, int64_t num_tokens,
+                                int64_t num_blocks, int64_t block_size) {
+    Ticket ticket{};
+    std::memcpy(ticket.meta.data(), meta, sizeof(int64_t) * kMetaFields);
+    ticket.table = table;
+    ticket.table_stride = table_stride;
+    ticket.table_cols = table_cols;
+    ticket.lens = lens;
+    ticket.slots = slots;
+    ticket.decoding = decoding;
+    ticket.rows = decoding;
+    ticket.num_tokens = num_tokens;
+    ticket.num_blocks = num_blocks;
+    ticket.block_size = block_size;
+    std::lock_guard<std::mutex> hold(lock);
+    if (tickets.size() >= kMaxTickets && tickets.find(step) == tickets.end()) return 1;
+    tickets[step] = ticket;
+    return 0;
+}
+
+/* Revoke the ticket of step `step` (its object is being freed). */
+void hwplug_attention_door_revoke(int64_t step) {
+    std::lock_guard<std::mutex> hold(lock);
+    tickets.erase(step);
+}
+
+/* counts[0..3]: layers approved, tickets alive, calls served here, calls handed to Python. */
+void hwplug_attention_door_counts(int64_t *counts) {
+    std::lock_guard<std::mutex> hold(lock);
+    counts[0] = static_cast<int64_t>(layers.size());
+    counts[1] = static_cast<int64_t>(tickets.size());
+    counts[2] = served;
+    counts[3] = handed;
+}
+
+}  // extern "C"
+
+TORCH_LIBRARY_IMPL(hwplug, CPU, m) {
+    m.impl("unified_attention", &unified_attention);
+    m.impl("unified_attention_with_output", &unified_attention_with_output);
+}
+
+#else /* no Python headers: every call takes the ops' Python kernels */
+
+extern "C" {
+int hwplug_attention_door_available(void) { return 0; }
+}
+
+#endif
