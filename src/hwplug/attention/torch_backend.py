@@ -299,6 +299,7 @@ class TorchAttentionStep(PreparedStep):
         self._native: tuple[torch.Tensor | int, torch.Tensor, torch.Tensor] | None = None
         self._sorted: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
         self._routes: dict[tuple[object, ...], _Route] = {}
+        self._ticket: tuple[torch.Tensor, torch.Tensor] | None = None
         self.slots = metadata.slot_mapping[:total].contiguous()
         """Every token's slot (negative: padding, not written)."""
 
@@ -336,19 +337,25 @@ class TorchAttentionStep(PreparedStep):
         import torch
 
         if self._native is None:
-            decoding = self._decoding
-            device = self.metadata.device
-            table = self.metadata.block_table
-            rows: torch.Tensor | int
-            if decoding == list(range(len(decoding))):
-                rows, table = len(decoding), table[: len(decoding)]
-            else:
-                rows = torch.tensor([self._starts[b] for b in decoding], device=device)
-                table = table.index_select(0, torch.tensor(decoding, device=device))
-            lens = torch.tensor([self.seq_lens[b] for b in decoding], device=device)
-            # columns past a sequence's own blocks are never read (prepare checked the rest)
-            self._native = (rows, table.to(torch.int64), lens)
+            self._native = self._decode_tensors()
         return self._native
+
+    def _decode_tensors(self) -> tuple[torch.Tensor | int, torch.Tensor, torch.Tensor]:
+        """:meth:`native_decode`'s tensors, made now from the block table as it is."""
+        import torch
+
+        decoding = self._decoding
+        device = self.metadata.device
+        table = self.metadata.block_table
+        rows: torch.Tensor | int
+        if decoding == list(range(len(decoding))):
+            rows, table = len(decoding), table[: len(decoding)]
+        else:
+            rows = torch.tensor([self._starts[b] for b in decoding], device=device)
+            table = table.index_select(0, torch.tensor(decoding, device=device))
+        lens = torch.tensor([self.seq_lens[b] for b in decoding], device=device)
+        # columns past a sequence's own blocks are never read (prepare checked the rest)
+        return rows, table.to(torch.int64), lens
 
     def issue_ticket(self) -> bool:
         """Issue this step's ticket to the attention ops' C++ door where it is open (a
@@ -370,15 +377,20 @@ class TorchAttentionStep(PreparedStep):
         metadata = self.metadata
         if metadata.device.type != "cpu":
             return False
-        rows, table, lens = self.native_decode()
+        # the ticket's own copy of the table (the door compares the step's block table with
+        # it at each call, and hands the call over where they differ: the Python op reads
+        # the table at the step's first layer, so a table changed after prepare is followed
+        # or refused there, never ignored)
+        rows, table, lens = self._decode_tensors()
         slots = self.slots
         if not (
             isinstance(rows, int)
-            and table.stride(-1) == 1
+            and table.is_contiguous()
             and slots.dtype == torch.int64
             and slots.is_contiguous()
         ):
             return False
+        self._ticket = (table, lens)  # (alive as long as the step, as the door needs)
         tensors = (
             metadata.query_start_loc,
             metadata.seq_lens,

@@ -178,6 +178,38 @@ bool apart(const std::array<Span, 9> &spans, int written) {
     return true;
 }
 
+/* Whether the block ids the kernel may read (each decoding sequence's columns up to its
+ * length) are still the ticket's copy of them: a table changed since prepare() is the
+ * validated op's to follow or refuse. The tensor is the ticket's (its address, dtype,
+ * sizes and strides compared), its lengths checked against its columns by prepare(). */
+template <typename Id>
+bool same_ids(const Id *live, int64_t s0, int64_t s1, const Ticket &ticket) {
+    for (int64_t b = 0; b < ticket.decoding; b++) {
+        int64_t used = (ticket.lens[b] + ticket.block_size - 1) / ticket.block_size;
+        if (used > ticket.table_cols) used = ticket.table_cols;
+        const int64_t *copy = ticket.table + b * ticket.table_stride;
+        for (int64_t c = 0; c < used; c++) {
+            if (static_cast<int64_t>(live[b * s0 + c * s1]) != copy[c]) return false;
+        }
+    }
+    return true;
+}
+
+bool same_blocks(const at::Tensor &block_table, const Ticket &ticket) {
+    if (block_table.size(0) < ticket.decoding || block_table.size(1) < ticket.table_cols) {
+        return false;
+    }
+    const int64_t s0 = block_table.stride(0), s1 = block_table.stride(1);
+    switch (block_table.scalar_type()) {
+        case c10::ScalarType::Int:
+            return same_ids(static_cast<const int32_t *>(block_table.data_ptr()), s0, s1, ticket);
+        case c10::ScalarType::Long:
+            return same_ids(static_cast<const int64_t *>(block_table.data_ptr()), s0, s1, ticket);
+        default:
+            return false;
+    }
+}
+
 using Scale = const at::Tensor &;
 
 void checked_into(const at::Tensor &query, const at::Tensor &key, const at::Tensor &value,
@@ -265,6 +297,7 @@ bool attend(const at::Tensor &query, const at::Tensor &key, const at::Tensor &va
     describe_meta(meta.data() + 14, block_table);
     describe_meta(meta.data() + 21, slot_mapping);
     if (meta != ticket.meta) return false;
+    if (!same_blocks(block_table, ticket)) return false;
     const int64_t n = query.size(0);
     if (n != ticket.num_tokens || key_cache.size(0) != ticket.num_blocks ||
         key_cache.size(1) != ticket.block_size || ticket.rows > n || ticket.decoding < 1) {
