@@ -79,10 +79,12 @@ class Layer:
         metadata: AttentionMetadata,
         *,
         caches: tuple[torch.Tensor, torch.Tensor] | None = None,
-        out: torch.Tensor | None | bool = True,
+        out: torch.Tensor | bool | None = True,
     ) -> torch.Tensor:
         q, k, v = rows
-        key_cache, value_cache = caches if caches is not None else (self.key_cache, self.value_cache)
+        key_cache, value_cache = (
+            caches if caches is not None else (self.key_cache, self.value_cache)
+        )
         buffer = torch.empty_like(q) if out is True else None if out is False else out
         return unified_attention(
             q,
@@ -111,7 +113,10 @@ def decode_step(
     for count in blocks:
         tables.append([(used + j) % NUM_BLOCKS for j in range(count)])
         used += count
-    slots = [tables[b][(n - 1) // block_size] * block_size + (n - 1) % block_size for b, n in enumerate(lens)]
+    slots = [
+        tables[b][(n - 1) // block_size] * block_size + (n - 1) % block_size
+        for b, n in enumerate(lens)
+    ]
     metadata = AttentionMetadata.build(
         [1] * len(lens) + [0] * pad_seqs,
         lens + [0] * pad_seqs,
@@ -254,14 +259,22 @@ def test_another_context_or_other_metadata_tensors_are_handed_over(
     with counted(door) as outside:
         layer.call(rows, metadata)  # no forward_context: the op prepares on the spot
     assert outside == {"served": 0, "handed": 1}
-    other_metadata, other_step = decode_step([9, 30])
+    _, other_step = decode_step([9, 30])
     with counted(door) as other, forward_context(other_step):
         layer.call(rows, metadata)  # the current step describes other tensors
     assert other == {"served": 0, "handed": 1}
     # the same values in other memory are other tensors too
-    copied = AttentionMetadata(*(t.clone() for t in (
-        metadata.query_start_loc, metadata.seq_lens, metadata.block_table, metadata.slot_mapping
-    )))
+    copied = AttentionMetadata(
+        *(
+            t.clone()
+            for t in (
+                metadata.query_start_loc,
+                metadata.seq_lens,
+                metadata.block_table,
+                metadata.slot_mapping,
+            )
+        )
+    )
     with counted(door) as copies, forward_context(step):
         layer.call(rows, copied)
     assert copies == {"served": 0, "handed": 1}
@@ -343,7 +356,10 @@ def test_misuse_after_approval_gets_the_validated_ops_errors(
         layer.call(layer.rows(2), metadata)
     # a cache of another geometry than the step was prepared for
     small = (layer.key_cache[: NUM_BLOCKS - 1].clone(), layer.value_cache[: NUM_BLOCKS - 1].clone())
-    with pytest.raises(ValueError, match="prepared for a cache of 24 blocks"), forward_context(step):
+    with (
+        pytest.raises(ValueError, match="prepared for a cache of 24 blocks"),
+        forward_context(step),
+    ):
         layer.call(layer.rows(2), metadata, caches=small)
     # one tensor as both caches
     shared = (layer.key_cache, layer.key_cache)
@@ -423,7 +439,7 @@ def test_without_pythons_headers_the_attention_ops_stay_on_python() -> None:
     keep their Python kernels (and the linear door still runs)."""
     if os.environ.get("HWPLUG_NATIVE_SANITIZE", "").strip() not in ("", "0"):
         pytest.skip("builds a door of its own (about half a minute); once is enough")
-    script = f"""
+    script = """
 import sysconfig, torch
 paths = sysconfig.get_paths()
 sysconfig.get_paths = lambda *a, **k: dict(paths, include="/nonexistent/hwplug-test")

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from hwplug.attention.base import ANY_PLATFORM, AttentionBackend, PreparedStep, metadata_of
 from hwplug.attention.call import AttentionCall
-from hwplug.attention.context import current_step, forward_context
+from hwplug.attention.context import current_step, current_step_variable, forward_context
 from hwplug.attention.metadata import AttentionMetadata
 from hwplug.attention.ops import register_unified_attention, unified_attention
 from hwplug.attention.registry import (
@@ -56,6 +56,7 @@ __all__ = [
     "backends_for",
     "collect_backends",
     "current_step",
+    "current_step_variable",
     "forward_context",
     "get_backend",
     "lookup_backend",

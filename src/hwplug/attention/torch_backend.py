@@ -334,7 +334,6 @@ class TorchAttentionStep(PreparedStep):
     def native_decode(self) -> tuple[torch.Tensor | int, torch.Tensor, torch.Tensor]:
         """The decoding sequences for the native CPU kernel, in batch order: their query rows
         (an int ``n`` when they are rows ``0..n-1``), block-table rows and lengths (int64)."""
-        import torch
 
         if self._native is None:
             self._native = self._decode_tensors()

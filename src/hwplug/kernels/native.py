@@ -245,7 +245,7 @@ def _door_language() -> _Language:
 
     root = Path(torch.__file__).resolve().parent
     abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
-    before = (
+    before: tuple[str, ...] = (
         "-std=c++17",
         f"-D_GLIBCXX_USE_CXX11_ABI={abi}",
         f'-DHWPLUG_TORCH_VERSION="{torch.__version__}"',

@@ -1,4 +1,7 @@
-"""The C++ door of ``hwplug::native_linear``: a compiled step without per-call Python.
+"""The ops' C++ doors: a compiled step without per-call Python.
+
+The attention ops' door (``csrc/attention_door.cpp``, :class:`AttentionDoor`) is
+described there and in :func:`attention_door`; this docstring is the linear op's.
 
 A compiled step (Inductor's C++ wrapper, the CPU's host step graphs) calls
 each linear's op through torch's dispatcher. With only a Python kernel, each
@@ -240,11 +243,10 @@ class AttentionDoor:
         door.hwplug_attention_door_approve.restype = ctypes.c_int
         door.hwplug_attention_door_approve.argtypes = [_LAYER_FIELDS, ctypes.c_char_p]
         door.hwplug_attention_door_issue.restype = ctypes.c_int
+        pointer, integer = ctypes.c_void_p, ctypes.c_int64
         door.hwplug_attention_door_issue.argtypes = [
-            ctypes.c_int64,
-            _META_FIELDS,
-            *[ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p],
-            *[ctypes.c_int64] * 4,
+            *(integer, _META_FIELDS, pointer, integer, integer, pointer, pointer),
+            *(integer, integer, integer, integer),
         ]
         door.hwplug_attention_door_revoke.restype = None
         door.hwplug_attention_door_revoke.argtypes = [ctypes.c_int64]
