@@ -36,6 +36,7 @@
 #include <torch/library.h>
 
 #include <array>
+#include <atomic>
 #include <cstdint>
 #include <cstring>
 #include <mutex>
@@ -119,7 +120,7 @@ constexpr size_t kMaxTickets = 256;  /* steps alive at once (an engine has one o
 std::mutex lock;
 std::unordered_map<Layer, char, LayerHash> layers;
 std::unordered_map<int64_t, Ticket> tickets;
-DecodeKernel kernel = nullptr;
+std::atomic<DecodeKernel> kernel{nullptr}; /* set once, by hwplug_attention_door_bind */
 PyObject *current_step = nullptr; /* the context variable of forward_context (a reference) */
 int64_t served = 0, handed = 0;
 
@@ -258,7 +259,8 @@ bool attend(const at::Tensor &query, const at::Tensor &key, const at::Tensor &va
             c10::string_view backend, double scale, std::optional<int64_t> window,
             at::Tensor *made) {
     using hwplug_door::plain;
-    if (kernel == nullptr || hwplug_door::closed()) return false;
+    const DecodeKernel run = kernel.load();
+    if (run == nullptr || hwplug_door::closed()) return false;
     if (!plain(query, 3) || !plain(key, 3) || !plain(value, 3) || !plain(key_cache, 4) ||
         !plain(value_cache, 4) || !plain(query_start_loc, 1) || !plain(seq_lens, 1) ||
         !plain(block_table, 2) || !plain(slot_mapping, 1) || !plain(k_scale, 0) ||
@@ -328,7 +330,7 @@ bool attend(const at::Tensor &query, const at::Tensor &key, const at::Tensor &va
                     static_cast<size_t>((n - ticket.rows) * row_bytes));
     }
     int64_t fault[3] = {0, 0, 0};
-    const int status = kernel(
+    const int status = run(
         query.data_ptr(), qkind, key_cache.data_ptr(), value_cache.data_ptr(), kind, nullptr,
         key_cache.stride(0), key_cache.stride(1), key_cache.stride(2), ticket.table,
         ticket.table_stride, ticket.lens, ticket.decoding, kv_heads,
@@ -393,16 +395,30 @@ extern "C" {
 int hwplug_attention_door_available(void) { return 1; }
 
 /* The C library's decode kernel and forward_context's context variable (a new reference is
- * kept); 0 bound, 1 already bound to others. Called with the GIL held. */
+ * kept: the GIL is taken for it, since ctypes calls here without it); 0 bound, 1 already
+ * bound to others. */
 int hwplug_attention_door_bind(void *decode, PyObject *variable) {
-    std::lock_guard<std::mutex> hold(lock);
-    if (kernel != nullptr) {
-        return kernel == reinterpret_cast<DecodeKernel>(decode) && current_step == variable ? 0 : 1;
-    }
+    /* (the GIL first and alone: a compiled step holds it while its calls take `lock`) */
+    PyGILState_STATE gil = PyGILState_Ensure();
     Py_INCREF(variable);
-    current_step = variable;
-    kernel = reinterpret_cast<DecodeKernel>(decode);
-    return 0;
+    PyGILState_Release(gil);
+    bool kept = false, bound = false;
+    {
+        std::lock_guard<std::mutex> hold(lock);
+        if (kernel.load() == nullptr) {
+            current_step = variable;
+            kernel.store(reinterpret_cast<DecodeKernel>(decode));
+            kept = bound = true;
+        } else {
+            bound = kernel.load() == reinterpret_cast<DecodeKernel>(decode) && current_step == variable;
+        }
+    }
+    if (!kept) { /* bound before: the reference taken above is not needed */
+        gil = PyGILState_Ensure();
+        Py_DECREF(variable);
+        PyGILState_Release(gil);
+    }
+    return bound ? 0 : 1;
 }
 
 /* Approve a layer Python has checked and computed on the native path. 0 approved; 1 the
