@@ -162,7 +162,14 @@ def _run(
     )
     impl = _backend(backend, call, scale, sliding_window)
     result = impl.forward_call(call)
-    if door is not None and step is not None and type(impl) is TorchAttentionBackend:
+    # (only the built-in name: every session's table has it, and always for this class,
+    # so the door need not look the name up; another name may leave with its plugin)
+    if (
+        door is not None
+        and step is not None
+        and backend == TorchAttentionBackend.name
+        and type(impl) is TorchAttentionBackend
+    ):
         _approve(door, call, step, (k_scale, v_scale), backend, scale, sliding_window)
     return result
 
