@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 from tiny_engine import LLM
 
+from hwplug.kernels import op_door
 from hwplug.platforms.cpu import STEP_GRAPHS_ENV
 from tests.engine.conftest import prompts_of
 
@@ -38,8 +39,15 @@ def test_the_engine_decodes_on_step_graphs_with_eager_tokens(
             return original(graph, args, kwargs)
 
         monkeypatch.setattr(backend, "call", counting)
+        door = op_door.bound_attention_door()
+        before = door.counts()["served"] if door is not None else 0
         got = llm.generate(prompts, max_tokens=6, ignore_eos=True)
         single = llm.generate(prompts[:1], max_tokens=6, ignore_eos=True)
+        served = (door.counts()["served"] if door is not None else 0) - before
     assert got == expected and single == expected[:1]
+    if op_door.active():
+        # the decode steps' attention ran from the attention ops' C++ door (the first call
+        # of each layer in the process was checked in Python, at warm-up)
+        assert door is not None and served > 0
     # three sequences decode as one batch of 3 (no graph: above 2), the single one on size 1
     assert calls and set(calls) == {1}
