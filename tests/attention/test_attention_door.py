@@ -458,3 +458,28 @@ print(op_door.active(), op_door.bound_attention_door(), bool(torch.isfinite(out)
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.split() == ["True", "None", "True"]
+
+
+def test_a_ticket_takes_only_the_steps_own_slots(door: op_door.AttentionDoor) -> None:
+    """The door reads a ticket's slots from the step's slot_mapping, whose memory the op's
+    own argument keeps alive: slots elsewhere are refused (its table and lengths it
+    copies, so a ticket outlives the tensors it was issued from)."""
+    metadata, _ = decode_step([5, 9])
+    tensors = (
+        metadata.query_start_loc,
+        metadata.seq_lens,
+        metadata.block_table,
+        metadata.slot_mapping,
+    )
+    table = metadata.block_table[:2].to(torch.int64)
+    lens = torch.tensor([5, 9])
+
+    class Step:
+        pass
+
+    elsewhere = metadata.slot_mapping.clone()
+    args = {"num_blocks": NUM_BLOCKS, "block_size": BLOCK_SIZE}
+    assert door.issue(Step(), tensors, table, lens, elsewhere, **args) is False
+    assert door.issue(Step(), tensors, table, lens[:0], metadata.slot_mapping, **args) is False
+    owner = Step()
+    assert door.issue(owner, tensors, table, lens, metadata.slot_mapping, **args) is True

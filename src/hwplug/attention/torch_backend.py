@@ -299,7 +299,6 @@ class TorchAttentionStep(PreparedStep):
         self._native: tuple[torch.Tensor | int, torch.Tensor, torch.Tensor] | None = None
         self._sorted: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
         self._routes: dict[tuple[object, ...], _Route] = {}
-        self._ticket: tuple[torch.Tensor, torch.Tensor] | None = None
         self.slots = metadata.slot_mapping[:total].contiguous()
         """Every token's slot (negative: padding, not written)."""
 
@@ -376,10 +375,10 @@ class TorchAttentionStep(PreparedStep):
         metadata = self.metadata
         if metadata.device.type != "cpu":
             return False
-        # the ticket's own copy of the table (the door compares the step's block table with
-        # it at each call, and hands the call over where they differ: the Python op reads
-        # the table at the step's first layer, so a table changed after prepare is followed
-        # or refused there, never ignored)
+        # the table as it is now, which the door copies into the ticket (it compares the
+        # step's block table with its copy at each call, and hands the call over where they
+        # differ: the Python op reads the table at the step's first layer, so a table
+        # changed after prepare is followed or refused there, never ignored)
         rows, table, lens = self._decode_tensors()
         slots = self.slots
         if not (
@@ -389,7 +388,6 @@ class TorchAttentionStep(PreparedStep):
             and slots.is_contiguous()
         ):
             return False
-        self._ticket = (table, lens)  # (alive as long as the step, as the door needs)
         tensors = (
             metadata.query_start_loc,
             metadata.seq_lens,

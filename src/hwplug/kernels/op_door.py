@@ -303,9 +303,10 @@ class AttentionDoor:
         decode one token from query rows ``0..n-1`` (``n``: ``lens``'s length), with the
         four metadata tensors the op is given (``query_start_loc``, ``seq_lens``,
         ``block_table``, ``slot_mapping``), the int64 ``table`` (rows contiguous) and
-        ``lens`` (contiguous) the kernel reads, and the ``n`` contiguous int64 ``slots`` its
-        rows are stored at. ``step`` must keep these tensors alive; the ticket is revoked
-        when ``step`` is freed. Whether the door took it."""
+        ``lens`` (contiguous) the kernel reads, which the door copies now, and the ``n``
+        int64 ``slots`` its rows are stored at: the leading entries of ``slot_mapping``
+        (the same memory, which the door reads only in calls given that very tensor). The
+        ticket is revoked when ``step`` is freed. Whether the door took it."""
         fields: list[int] = []
         try:
             for tensor in metadata:

@@ -13,8 +13,8 @@
  *   call, the result written into the output where it may be;
  * - its step: the torch backend's prepare() issues a ticket for a prepared decode step
  *   (every sequence decodes one token, in the first rows) naming the step object, the
- *   memory and shapes of its four metadata tensors, and the int64 block table, lengths
- *   and slots the kernel reads. The ticket is used only while that very step is the
+ *   memory and shapes of its four metadata tensors, and its own copy of the int64 block
+ *   table and lengths the kernel reads. The ticket is used only while that very step is the
  *   current one of the calling context (hwplug.attention.forward_context: a Python
  *   context variable, read here), so exactly when the Python op would attend from it,
  *   and it is revoked when the step object is freed.
@@ -37,12 +37,14 @@
 
 #include <array>
 #include <atomic>
+#include <memory>
 #include <cstdint>
 #include <cstring>
 #include <mutex>
 #include <optional>
 #include <string>
 #include <unordered_map>
+#include <vector>
 
 #include "door.h"
 
@@ -102,9 +104,13 @@ struct LayerHash {
     }
 };
 
-/* What a ticket names: the step's metadata as the op sees it, and what the kernel reads. */
+/* What a ticket names: the step's metadata as the op sees it, and what the kernel reads:
+ * its own copies of the block table's rows and the lengths (made when it is issued), and
+ * the slots, which are the leading entries of the step's slot_mapping (a call is served
+ * only with that very tensor, so they are alive whenever they are read). */
 struct Ticket {
     std::array<int64_t, kMetaFields> meta;
+    std::vector<int64_t> table_copy, lens_copy;
     const int64_t *table;
     int64_t table_stride, table_cols;
     const int64_t *lens;
@@ -119,7 +125,7 @@ constexpr size_t kMaxLayers = 4096;  /* layer layouts kept (a model has a handfu
 constexpr size_t kMaxTickets = 256;  /* steps alive at once (an engine has one or two) */
 std::mutex lock;
 std::unordered_map<Layer, char, LayerHash> layers;
-std::unordered_map<int64_t, Ticket> tickets;
+std::unordered_map<int64_t, std::shared_ptr<const Ticket>> tickets;
 std::atomic<DecodeKernel> kernel{nullptr}; /* set once, by hwplug_attention_door_bind */
 PyObject *current_step = nullptr; /* the context variable of forward_context (a reference) */
 int64_t served = 0, handed = 0;
@@ -285,14 +291,15 @@ bool attend(const at::Tensor &query, const at::Tensor &key, const at::Tensor &va
     layer.backend.assign(backend.data(), backend.size());
 
     const int64_t step = current_step_id();
-    Ticket ticket{};
+    std::shared_ptr<const Ticket> held; /* (alive for this call, revoked or not) */
     {
         std::lock_guard<std::mutex> hold(lock);
         if (step == 0 || layers.find(layer) == layers.end()) return false;
         auto it = tickets.find(step);
         if (it == tickets.end()) return false;
-        ticket = it->second;
+        held = it->second;
     }
+    const Ticket &ticket = *held;
     std::array<int64_t, kMetaFields> meta{};
     describe_meta(meta.data(), query_start_loc);
     describe_meta(meta.data() + 7, seq_lens);
@@ -433,27 +440,45 @@ int hwplug_attention_door_approve(const int64_t *fields, const char *backend) {
     return 0;
 }
 
-/* Issue the ticket of step `step` (its Python id), whose object keeps the tensors named
- * alive until hwplug_attention_door_revoke. 0 issued; 1 the table is full. */
+/* Issue the ticket of step `step` (its Python id; revoked when the step is freed). The
+ * block table's rows (`decoding` rows of `table_cols`, `table_stride` apart) and the
+ * lengths are copied here; `slots` must be the address of the step's slot_mapping (meta's
+ * last tensor: int64, contiguous, at least `decoding` entries). 0 issued; 1 the table is
+ * full; 2 sizes or slots this door does not take. */
 int hwplug_attention_door_issue(int64_t step, const int64_t *meta, const int64_t *table,
                                 int64_t table_stride, int64_t table_cols, const int64_t *lens,
                                 const int64_t *slots, int64_t decoding, int64_t num_tokens,
                                 int64_t num_blocks, int64_t block_size) {
-    Ticket ticket{};
-    std::memcpy(ticket.meta.data(), meta, sizeof(int64_t) * kMetaFields);
-    ticket.table = table;
-    ticket.table_stride = table_stride;
-    ticket.table_cols = table_cols;
-    ticket.lens = lens;
-    ticket.slots = slots;
-    ticket.decoding = decoding;
-    ticket.rows = decoding;
-    ticket.num_tokens = num_tokens;
-    ticket.num_blocks = num_blocks;
-    ticket.block_size = block_size;
+    constexpr int64_t kMaxEntries = int64_t{1} << 24; /* (a step's table: far less) */
+    const int64_t *slot_mapping = meta + 21;           /* address, dtype, rank, sizes, strides */
+    if (decoding < 1 || table_cols < 1 || table_stride < table_cols ||
+        decoding > kMaxEntries / table_cols || num_tokens < decoding ||
+        reinterpret_cast<int64_t>(slots) != slot_mapping[0] ||
+        slot_mapping[1] != static_cast<int64_t>(c10::ScalarType::Long) || slot_mapping[2] != 1 ||
+        slot_mapping[3] != num_tokens || slot_mapping[5] != 1) {
+        return 2;
+    }
+    auto ticket = std::make_shared<Ticket>();
+    std::memcpy(ticket->meta.data(), meta, sizeof(int64_t) * kMetaFields);
+    ticket->table_copy.resize(static_cast<size_t>(decoding * table_cols));
+    for (int64_t b = 0; b < decoding; b++) {
+        std::memcpy(ticket->table_copy.data() + b * table_cols, table + b * table_stride,
+                    sizeof(int64_t) * static_cast<size_t>(table_cols));
+    }
+    ticket->lens_copy.assign(lens, lens + decoding);
+    ticket->table = ticket->table_copy.data();
+    ticket->table_stride = table_cols;
+    ticket->table_cols = table_cols;
+    ticket->lens = ticket->lens_copy.data();
+    ticket->slots = slots;
+    ticket->decoding = decoding;
+    ticket->rows = decoding;
+    ticket->num_tokens = num_tokens;
+    ticket->num_blocks = num_blocks;
+    ticket->block_size = block_size;
     std::lock_guard<std::mutex> hold(lock);
     if (tickets.size() >= kMaxTickets && tickets.find(step) == tickets.end()) return 1;
-    tickets[step] = ticket;
+    tickets[step] = std::move(ticket);
     return 0;
 }
 
