@@ -101,6 +101,16 @@ class Layer:
             out=buffer,
         )
 
+    def approve(
+        self, lens: list[int], *, out: torch.Tensor | bool | None = True, **padding: int
+    ) -> tuple[AttentionMetadata, object]:
+        """Approve this layer: one call of it in a fresh decode step of ``lens`` (padded as
+        :func:`decode_step` pads), whose metadata and prepared step are returned."""
+        metadata, step = decode_step(lens, **padding)
+        with forward_context(step):
+            self.call(self.rows(len(lens) + padding.get("pad_rows", 0)), metadata, out=out)
+        return metadata, step
+
 
 def decode_step(
     lens: list[int], *, pad_seqs: int = 0, pad_rows: int = 0, block_size: int = BLOCK_SIZE
@@ -130,10 +140,7 @@ def decode_step(
 @pytest.fixture(scope="module")
 def door() -> op_door.AttentionDoor:
     """The attention door, loaded by a first CPU call of the op."""
-    layer = Layer()
-    metadata, step = decode_step([5])
-    with forward_context(step):
-        layer.call(layer.rows(1), metadata)
+    Layer().approve([5])
     bound = op_door.bound_attention_door()
     if bound is None:
         pytest.skip(f"the attention door cannot run here: {op_door.unavailable_reason()}")
@@ -151,16 +158,17 @@ def counted(door: op_door.AttentionDoor) -> Iterator[dict[str, int]]:
 
 
 @contextlib.contextmanager
-def door_closed() -> Iterator[None]:
-    saved = os.environ.get("HWPLUG_NATIVE_DOOR")
-    os.environ["HWPLUG_NATIVE_DOOR"] = "0"
+def door_closed(variable: str = "HWPLUG_NATIVE_DOOR", value: str = "0") -> Iterator[None]:
+    """``variable`` set to ``value`` (a switch that closes the door) inside the block."""
+    saved = os.environ.get(variable)
+    os.environ[variable] = value
     try:
         yield
     finally:
         if saved is None:
-            del os.environ["HWPLUG_NATIVE_DOOR"]
+            del os.environ[variable]
         else:
-            os.environ["HWPLUG_NATIVE_DOOR"] = saved
+            os.environ[variable] = saved
 
 
 def both_ways(
@@ -229,12 +237,9 @@ def test_the_doors_results_and_cache_writes_are_the_validated_ops_bit_for_bit(
     with_output: bool,
 ) -> None:
     layer = Layer(dtype, heads[0], heads[1], head_size, window=window)
-    n = len(lens) + pad_rows
-    warm_metadata, warm_step = decode_step(lens, pad_seqs=pad_seqs, pad_rows=pad_rows)
-    with forward_context(warm_step):  # (approves the layer)
-        layer.call(layer.rows(n), warm_metadata, out=with_output)
+    layer.approve(lens, out=with_output, pad_seqs=pad_seqs, pad_rows=pad_rows)
     metadata, step = decode_step(lens, pad_seqs=pad_seqs, pad_rows=pad_rows)
-    rows = layer.rows(n)
+    rows = layer.rows(len(lens) + pad_rows)
 
     def run(layer: Layer) -> torch.Tensor:
         with forward_context(step):
@@ -252,10 +257,8 @@ def test_another_context_or_other_metadata_tensors_are_handed_over(
     door: op_door.AttentionDoor,
 ) -> None:
     layer = Layer()
-    metadata, step = decode_step([9, 30])
+    metadata, step = layer.approve([9, 30])
     rows = layer.rows(2)
-    with forward_context(step):
-        layer.call(rows, metadata)  # (approves the layer)
     with counted(door) as outside:
         layer.call(rows, metadata)  # no forward_context: the op prepares on the spot
     assert outside == {"served": 0, "handed": 1}
@@ -295,29 +298,17 @@ def test_another_context_or_other_metadata_tensors_are_handed_over(
 
 def test_a_closed_door_hands_every_call_over(door: op_door.AttentionDoor) -> None:
     layer = Layer()
-    metadata, step = decode_step([4])
+    metadata, step = layer.approve([4])
     rows = layer.rows(1)
-    with forward_context(step):
-        layer.call(rows, metadata)
     for variable in ("HWPLUG_NATIVE_DOOR", "HWPLUG_NATIVE_KERNELS"):
-        saved = os.environ.get(variable)
-        os.environ[variable] = " 0 "
-        try:
-            with counted(door) as seen, forward_context(step):
-                layer.call(rows, metadata)
-        finally:
-            if saved is None:
-                del os.environ[variable]
-            else:
-                os.environ[variable] = saved
+        with door_closed(variable, " 0 "), counted(door) as seen, forward_context(step):
+            layer.call(rows, metadata)
         assert seen["served"] == 0, variable
 
 
 def test_steps_that_are_not_pure_decode_get_no_ticket(door: op_door.AttentionDoor) -> None:
     layer = Layer()
-    metadata, step = decode_step([6])
-    with forward_context(step):
-        layer.call(layer.rows(1), metadata)
+    layer.approve([6])
     # a prompt of 3 tokens beside a decoding sequence
     prefill = AttentionMetadata.build([1, 3], [6, 3], [[0], [1]], [5, 16, 17, 18], device="cpu")
     prepared = BACKEND.prepare(prefill, num_blocks=NUM_BLOCKS, block_size=BLOCK_SIZE)
@@ -351,9 +342,7 @@ def test_misuse_after_approval_gets_the_validated_ops_errors(
     door: op_door.AttentionDoor,
 ) -> None:
     layer = Layer()
-    metadata, step = decode_step([10, 11])
-    with forward_context(step):
-        layer.call(layer.rows(2), metadata)
+    metadata, step = layer.approve([10, 11])
     # a cache of another geometry than the step was prepared for
     small = (layer.key_cache[: NUM_BLOCKS - 1].clone(), layer.value_cache[: NUM_BLOCKS - 1].clone())
     with (
@@ -381,9 +370,7 @@ def test_a_block_table_changed_after_prepare_is_followed_or_refused_as_python_do
     door: op_door.AttentionDoor,
 ) -> None:
     layer = Layer()
-    metadata, step = decode_step([10, 40])
-    with forward_context(step):
-        layer.call(layer.rows(2), metadata)
+    layer.approve([10, 40])
     rows = layer.rows(2)
     metadata, step = decode_step([10, 40])
     metadata.block_table[1, 2] = NUM_BLOCKS - 1  # another block, in the cache
@@ -408,9 +395,7 @@ def test_an_output_over_the_query_is_handed_over_and_computed_as_python_does(
     door: op_door.AttentionDoor,
 ) -> None:
     layer = Layer()
-    metadata, step = decode_step([13, 14])
-    with forward_context(step):
-        layer.call(layer.rows(2), metadata)
+    metadata, step = layer.approve([13, 14])
     q, k, v = layer.rows(2)
 
     def run(layer: Layer) -> torch.Tensor:

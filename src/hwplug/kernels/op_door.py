@@ -200,24 +200,21 @@ def _describe(fields: list[int], tensor: torch.Tensor | None) -> None:
     if tensor is None:
         fields.extend([-1] * 10)
         return
-    rank = tensor.dim()
-    fields.append(_SCALAR_TYPES[tensor.dtype])
-    fields.append(rank)
-    fields.extend(tensor.shape)
-    fields.extend([-1] * (4 - rank))
-    fields.extend(tensor.stride())
-    fields.extend([-1] * (4 - rank))
+    _describe_shape(fields, _SCALAR_TYPES[tensor.dtype], tensor, 4)
 
 
 def _describe_meta(fields: list[int], tensor: torch.Tensor) -> None:
-    rank = tensor.dim()
+    """A metadata tensor as a ticket names it: its address, then its dtype, rank, two
+    sizes and two strides."""
     fields.append(tensor.data_ptr())
-    fields.append(_INDEX_TYPES[tensor.dtype])
-    fields.append(rank)
-    fields.extend(tensor.shape)
-    fields.extend([-1] * (2 - rank))
-    fields.extend(tensor.stride())
-    fields.extend([-1] * (2 - rank))
+    _describe_shape(fields, _INDEX_TYPES[tensor.dtype], tensor, 2)
+
+
+def _describe_shape(fields: list[int], code: int, tensor: torch.Tensor, width: int) -> None:
+    """``code`` (the dtype's), the rank, then ``width`` sizes and ``width`` strides (-1
+    past the rank), as ``describe_shape`` in ``csrc/attention_door.cpp`` writes them."""
+    pad = [-1] * (width - tensor.dim())
+    fields.extend((code, tensor.dim(), *tensor.shape, *pad, *tensor.stride(), *pad))
 
 
 _INDEX_TYPES = {torch.int32: 3, torch.int64: 4}

@@ -79,15 +79,23 @@ constexpr int kLayerFields = 6 * kTensorFields + 4 + 2;
  * its address, dtype, rank, two sizes and two strides (-1 past its rank). */
 constexpr int kMetaFields = 4 * 7;
 
-void describe(int64_t *f, const at::Tensor *t) {
-    for (int i = 0; i < kTensorFields; i++) f[i] = -1;
-    if (t == nullptr) return;
-    f[0] = static_cast<int64_t>(t->scalar_type());
-    f[1] = t->dim();
-    for (int64_t d = 0; d < t->dim() && d < 4; d++) {
-        f[2 + d] = t->size(d);
-        f[6 + d] = t->stride(d);
+/* dtype, rank, then `width` sizes and `width` strides (-1 past the rank) */
+void describe_shape(int64_t *f, const at::Tensor &t, int64_t width) {
+    f[0] = static_cast<int64_t>(t.scalar_type());
+    f[1] = t.dim();
+    for (int64_t d = 0; d < width; d++) {
+        const bool in = d < t.dim();
+        f[2 + d] = in ? t.size(d) : -1;
+        f[2 + width + d] = in ? t.stride(d) : -1;
     }
+}
+
+void describe(int64_t *f, const at::Tensor *t) {
+    if (t == nullptr) {
+        for (int i = 0; i < kTensorFields; i++) f[i] = -1;
+        return;
+    }
+    describe_shape(f, *t, 4);
 }
 
 struct Layer {
@@ -111,12 +119,10 @@ struct LayerHash {
 struct Ticket {
     std::array<int64_t, kMetaFields> meta;
     std::vector<int64_t> table_copy, lens_copy;
-    const int64_t *table;
-    int64_t table_stride, table_cols;
-    const int64_t *lens;
+    int64_t table_cols; /* the copy's columns (rows of it are this far apart) */
     const int64_t *slots;
-    int64_t decoding;  /* sequences 0..decoding-1 decode, from query rows 0..decoding-1 */
-    int64_t rows;      /* the step's rows (= decoding), each stored at its slot */
+    int64_t decoding; /* sequences 0..decoding-1 decode one token each, from query rows
+                         0..decoding-1, stored at slots[0..decoding-1] */
     int64_t num_tokens;
     int64_t num_blocks, block_size;
 };
@@ -130,15 +136,16 @@ std::atomic<DecodeKernel> kernel{nullptr}; /* set once, by hwplug_attention_door
 PyObject *current_step = nullptr; /* the context variable of forward_context (a reference) */
 int64_t served = 0, handed = 0;
 
+/* Count a call served here (true) or handed to the validated op; returns `here`. */
+bool counted(bool here) {
+    std::lock_guard<std::mutex> hold(lock);
+    (here ? served : handed)++;
+    return here;
+}
+
 void describe_meta(int64_t *f, const at::Tensor &t) {
     f[0] = reinterpret_cast<int64_t>(t.data_ptr());
-    f[1] = static_cast<int64_t>(t.scalar_type());
-    f[2] = t.dim();
-    f[3] = f[4] = f[5] = f[6] = -1;
-    for (int64_t d = 0; d < t.dim() && d < 2; d++) {
-        f[3 + d] = t.size(d);
-        f[5 + d] = t.stride(d);
-    }
+    describe_shape(f + 1, t, 2);
 }
 
 /* The id of the calling context's current step (0: none), as Python's id() gives it. */
@@ -175,7 +182,7 @@ Span span_of(const void *data, int64_t bytes) {
 
 /* Whether no written span meets another argument's (the kernel's arguments must not share
  * memory; where two spans merely meet, the validated op decides with its exact test). */
-bool apart(const std::array<Span, 9> &spans, int written) {
+bool apart(const std::array<Span, 7> &spans, int written) {
     for (int i = 0; i < written; i++) {
         for (size_t j = 0; j < spans.size(); j++) {
             if (static_cast<int>(j) == i || spans[j].first == spans[j].last) continue;
@@ -192,9 +199,9 @@ bool apart(const std::array<Span, 9> &spans, int written) {
 template <typename Id>
 bool same_ids(const Id *live, int64_t s0, int64_t s1, const Ticket &ticket) {
     for (int64_t b = 0; b < ticket.decoding; b++) {
-        int64_t used = (ticket.lens[b] + ticket.block_size - 1) / ticket.block_size;
+        int64_t used = (ticket.lens_copy[b] + ticket.block_size - 1) / ticket.block_size;
         if (used > ticket.table_cols) used = ticket.table_cols;
-        const int64_t *copy = ticket.table + b * ticket.table_stride;
+        const int64_t *copy = ticket.table_copy.data() + b * ticket.table_cols;
         for (int64_t c = 0; c < used; c++) {
             if (static_cast<int64_t>(live[b * s0 + c * s1]) != copy[c]) return false;
         }
@@ -308,43 +315,43 @@ bool attend(const at::Tensor &query, const at::Tensor &key, const at::Tensor &va
     if (meta != ticket.meta) return false;
     if (!same_blocks(block_table, ticket)) return false;
     const int64_t n = query.size(0);
+    /* (issue() took 1 <= decoding <= num_tokens) */
     if (n != ticket.num_tokens || key_cache.size(0) != ticket.num_blocks ||
-        key_cache.size(1) != ticket.block_size || ticket.rows > n || ticket.decoding < 1) {
+        key_cache.size(1) != ticket.block_size) {
         return false;
     }
     at::Tensor out = output != nullptr ? *output : at::empty(query.sizes(), query.options());
-    const int64_t lens_bytes = ticket.decoding * 8;
-    const int64_t table_bytes = ((ticket.decoding - 1) * ticket.table_stride + ticket.table_cols) * 8;
-    /* written first: the output and the caches */
-    const std::array<Span, 9> spans{span_of(out),
+    /* written first: the output and the caches (the ticket's own copies of the table and
+     * lengths are allocations of their own, apart from every tensor) */
+    const std::array<Span, 7> spans{span_of(out),
                                     span_of(key_cache),
                                     span_of(value_cache),
                                     span_of(query),
                                     span_of(key),
                                     span_of(value),
-                                    span_of(ticket.table, table_bytes),
-                                    span_of(ticket.lens, lens_bytes),
-                                    span_of(ticket.slots, ticket.rows * 8)};
+                                    span_of(ticket.slots, ticket.decoding * 8)};
     if (!apart(spans, 3)) return false;
 
     const int kv_heads = static_cast<int>(key_cache.size(2));
     const int qkind = query.scalar_type() == c10::ScalarType::Float ? 0 : 1;
     const int kind = qkind; /* the approved layer's cache has the query's dtype */
-    if (ticket.rows < n) {
+    if (ticket.decoding < n) {
         /* rows past the step's tokens are padding: zero, as the Python op leaves them */
         const int64_t row_bytes = query.size(1) * query.size(2) * out.element_size();
-        std::memset(static_cast<char *>(out.data_ptr()) + ticket.rows * row_bytes, 0,
-                    static_cast<size_t>((n - ticket.rows) * row_bytes));
+        std::memset(static_cast<char *>(out.data_ptr()) + ticket.decoding * row_bytes, 0,
+                    static_cast<size_t>((n - ticket.decoding) * row_bytes));
     }
     int64_t fault[3] = {0, 0, 0};
     const int status = run(
         query.data_ptr(), qkind, key_cache.data_ptr(), value_cache.data_ptr(), kind, nullptr,
-        key_cache.stride(0), key_cache.stride(1), key_cache.stride(2), ticket.table,
-        ticket.table_stride, ticket.lens, ticket.decoding, kv_heads,
+        key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
+        ticket.table_copy.data(), ticket.table_cols, ticket.lens_copy.data(), ticket.decoding,
+        kv_heads,
         static_cast<int>(query.size(1) / kv_heads), static_cast<int>(query.size(2)),
         static_cast<int>(ticket.block_size), window.has_value() ? *window : 0,
         static_cast<float>(scale), out.data_ptr(), at::get_num_threads(), key.data_ptr(),
-        value.data_ptr(), ticket.slots, ticket.rows, key_cache.size(0), ticket.table_cols, fault);
+        value.data_ptr(), ticket.slots, ticket.decoding, key_cache.size(0), ticket.table_cols,
+        fault);
     if (status != 0) return false; /* (the kernel wrote nothing: the validated op explains) */
     if (made != nullptr) *made = out;
     return true;
@@ -358,15 +365,10 @@ at::Tensor unified_attention(const at::Tensor &query, const at::Tensor &key,
                              c10::string_view backend, double scale,
                              std::optional<int64_t> window) {
     at::Tensor out;
-    if (attend(query, key, value, nullptr, key_cache, value_cache, query_start_loc, seq_lens,
-               block_table, slot_mapping, k_scale, v_scale, backend, scale, window, &out)) {
-        std::lock_guard<std::mutex> hold(lock);
-        served++;
+    if (counted(attend(query, key, value, nullptr, key_cache, value_cache, query_start_loc,
+                       seq_lens, block_table, slot_mapping, k_scale, v_scale, backend, scale,
+                       window, &out))) {
         return out;
-    }
-    {
-        std::lock_guard<std::mutex> hold(lock);
-        handed++;
     }
     return checked(query, key, value, key_cache, value_cache, query_start_loc, seq_lens,
                    block_table, slot_mapping, k_scale, v_scale, backend, scale, window);
@@ -380,15 +382,10 @@ void unified_attention_with_output(const at::Tensor &query, const at::Tensor &ke
                                    const at::Tensor &slot_mapping, Scale k_scale, Scale v_scale,
                                    c10::string_view backend, double scale,
                                    std::optional<int64_t> window) {
-    if (attend(query, key, value, &output, key_cache, value_cache, query_start_loc, seq_lens,
-               block_table, slot_mapping, k_scale, v_scale, backend, scale, window, nullptr)) {
-        std::lock_guard<std::mutex> hold(lock);
-        served++;
+    if (counted(attend(query, key, value, &output, key_cache, value_cache, query_start_loc,
+                       seq_lens, block_table, slot_mapping, k_scale, v_scale, backend, scale,
+                       window, nullptr))) {
         return;
-    }
-    {
-        std::lock_guard<std::mutex> hold(lock);
-        handed++;
     }
     checked_into(query, key, value, output, key_cache, value_cache, query_start_loc, seq_lens,
                  block_table, slot_mapping, k_scale, v_scale, backend, scale, window);
@@ -466,13 +463,9 @@ int hwplug_attention_door_issue(int64_t step, const int64_t *meta, const int64_t
                     sizeof(int64_t) * static_cast<size_t>(table_cols));
     }
     ticket->lens_copy.assign(lens, lens + decoding);
-    ticket->table = ticket->table_copy.data();
-    ticket->table_stride = table_cols;
     ticket->table_cols = table_cols;
-    ticket->lens = ticket->lens_copy.data();
     ticket->slots = slots;
     ticket->decoding = decoding;
-    ticket->rows = decoding;
     ticket->num_tokens = num_tokens;
     ticket->num_blocks = num_blocks;
     ticket->block_size = block_size;
