@@ -1,6 +1,7 @@
 """Compilation support: :func:`compile_model`, the level-3 piecewise backend,
 compiling in a worker thread while an engine serves eagerly
-(:class:`BackgroundCompilation`, :func:`compiles_in_background`), and host step
+(:class:`BackgroundCompilation`, :func:`compiles_in_background`, and
+:func:`serving`, which an engine holds while it calls its modules eagerly), and host step
 graphs for devices without device graphs (:class:`StepGraphWrapper`,
 :class:`InductorStepBackend`).
 
@@ -14,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from hwplug.compilation.background import BackgroundCompilation, compiles_in_background
 from hwplug.compilation.compile import compile_model
+from hwplug.compilation.serving import prime_compiler, serving
 from hwplug.compilation.step_graphs import InductorStepBackend, StepGraph, StepGraphWrapper
 
 if TYPE_CHECKING:
@@ -27,6 +29,8 @@ __all__ = [
     "StepGraphWrapper",
     "compile_model",
     "compiles_in_background",
+    "prime_compiler",
+    "serving",
 ]
 
 

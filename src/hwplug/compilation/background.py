@@ -50,6 +50,7 @@ import weakref
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Generic, TypeVar
 
+from hwplug.compilation.serving import is_serving, prime_compiler
 from hwplug.core.config import CUDAGraphMode
 
 if TYPE_CHECKING:
@@ -217,6 +218,8 @@ class BackgroundCompilation(Generic[_T]):
                     raise CompilationCancelled
                 self._started = time.perf_counter()
                 with _yielding(), torch.inference_mode(inference), torch.set_grad_enabled(grad):
+                    # before `build` may trace: the engine serves in another thread
+                    prime_compiler()
                     result = build()
             except CompilationCancelled as exc:
                 self.error = exc
@@ -260,9 +263,19 @@ class BackgroundCompilation(Generic[_T]):
     def wait(self, timeout: float | None = None) -> bool:
         """Block until :attr:`done` (the worker thread has ended, not merely produced its
         result) or ``timeout`` seconds; returns :attr:`done`. Called from the worker
-        thread itself it returns at once."""
+        thread itself it returns at once.
+
+        :raises RuntimeError: the calling thread is inside
+            :func:`~hwplug.compilation.serving`, which the compilation may wait for.
+        """
         if threading.current_thread() is self._thread:
             return self.done
+        if not self.done and is_serving():
+            raise RuntimeError(
+                f"waiting for the compilation of {self.name} inside hwplug.compilation.serving() "
+                "could wait forever: the compilation waits for serving threads to step out "
+                "before it traces; wait outside the serving block"
+            )
         self._thread.join(timeout)
         return self.done
 

@@ -22,6 +22,8 @@ import types
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from hwplug.compilation.serving import prime_compiler
+
 if TYPE_CHECKING:
     import torch
 
@@ -65,6 +67,10 @@ def compile_model(
         backend = PiecewiseBackend(comp, config, platform=platform, graph_backend=graph_backend)
     else:
         backend = comp.init_backend(config)
+    if not (isinstance(backend, str) and backend in ("eager", "aot_eager")):
+        # Inductor's process-wide placeholder trace, made now with no thread serving
+        # (another engine of the process may be mid-step): see hwplug.compilation.serving
+        prime_compiler()
     options = None
     if backend == "inductor" and comp.inductor_compile_config:
         # Levels 1-2 hand Inductor a name: its options travel with torch.compile.

@@ -33,6 +33,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from hwplug.compilation.compile import _constant_floats, _private_forward
+from hwplug.compilation.serving import prime_compiler
 from hwplug.core.graphs import BatchDescriptor, GraphWrapper
 
 if TYPE_CHECKING:
@@ -130,6 +131,7 @@ class InductorStepBackend:
         # recompilations) per code object
         name = f"step_graph_{key.num_tokens}{'_decode' if key.uniform_decode else ''}"
         entry = _private_forward(runnable, name)
+        prime_compiler()  # before Inductor's trace could meet another thread mid-step
         compiled = torch.compile(
             entry, backend="inductor", fullgraph=True, dynamic=False, options=self.options
         )

@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 from hwplug.attention import AttentionMetadata, forward_context, get_backend
-from hwplug.compilation import BackgroundCompilation, compile_model
+from hwplug.compilation import BackgroundCompilation, compile_model, serving
 from hwplug.core.config import CUDAGraphMode, EngineConfig
 from hwplug.core.distributed import DeviceCommunicator
 from hwplug.core.graphs import (
@@ -379,23 +379,25 @@ class ModelRunner:
         num_tokens = sum(len(t) for t in step.tokens)
         if pipe is not None and not stage.is_first:
             pipe.recv(args[0][:num_tokens], stage.index - 1)
-        with forward_context(prepared):
-            hidden = self.forward(mode, key, args)
-        order: list[int] = []
-        k = 0
-        for r in rows:
-            order.append(k if r >= 0 else -1)
-            k += r >= 0
-        if pipe is not None and not stage.is_last:
-            pipe.send(hidden[:num_tokens].contiguous(), stage.index + 1)
-            return None, order
-        wanted = [r for r in rows if r >= 0]
-        if len(wanted) == hidden.shape[0] and wanted == list(range(len(wanted))):
-            sampled = hidden  # every row, in order (a decode step): no gather
-        else:
-            index = torch.tensor(wanted, dtype=torch.int64, device=self.device)
-            sampled = hidden.index_select(0, index)
-        logits = self.model.logits(sampled)
+        # a compiler's trace in another thread would intercept the modules' calls
+        with serving():
+            with forward_context(prepared):
+                hidden = self.forward(mode, key, args)
+            order: list[int] = []
+            k = 0
+            for r in rows:
+                order.append(k if r >= 0 else -1)
+                k += r >= 0
+            if pipe is not None and not stage.is_last:
+                pipe.send(hidden[:num_tokens].contiguous(), stage.index + 1)
+                return None, order
+            wanted = [r for r in rows if r >= 0]
+            if len(wanted) == hidden.shape[0] and wanted == list(range(len(wanted))):
+                sampled = hidden  # every row, in order (a decode step): no gather
+            else:
+                index = torch.tensor(wanted, dtype=torch.int64, device=self.device)
+                sampled = hidden.index_select(0, index)
+            logits = self.model.logits(sampled)
         if self.background is not None:
             self.background.start()  # held until the first step is done (see warm_up)
         return logits, order
@@ -406,7 +408,7 @@ class ModelRunner:
         writes nothing to the cache."""
         n = self.largest_step(num_tokens)
         args, prepared = self._dummy_inputs(n, self._dummy_batch(n), uniform=False)
-        with forward_context(prepared):
+        with serving(), forward_context(prepared):
             self.model(*args)
 
     def warm_up(self) -> None:
