@@ -543,8 +543,12 @@ def tiny_checkpoint(platform: Platform, context: CheckContext) -> None:
             init_std=0.5,
             seed=1,
         )
-        reference = LLM(path, config={"model": {"dtype": "float32"}}, platform="cpu", device="cpu")
-        want = reference.generate(prompts, max_tokens=4, ignore_eos=True)
+        # closed at once: a reference still compiling in the background would take a
+        # core from the engine under test and from every check after this one
+        with LLM(
+            path, config={"model": {"dtype": "float32"}}, platform="cpu", device="cpu"
+        ) as reference:
+            want = reference.generate(prompts, max_tokens=4, ignore_eos=True)
         try:
             engine = LLM(path, config={"model": model_section}, platform=platform, device=device)
         except ConfigError as exc:
@@ -552,7 +556,8 @@ def tiny_checkpoint(platform: Platform, context: CheckContext) -> None:
                 f"a checkpoint of head size {head_size}, which resolves on {platform.name}, "
                 f"cannot be served: {error_line(exc)}"
             ) from exc
-        got = engine.generate(prompts, max_tokens=4, ignore_eos=True)
+        with engine:
+            got = engine.generate(prompts, max_tokens=4, ignore_eos=True)
     if got != want:
         raise CheckFailed(
             f"generated {got} on {platform.name} (head size {head_size}), but the CPU in "
