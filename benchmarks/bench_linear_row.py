@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""How fast one row (a decoding step of one sequence) streams a model's weights.
+"""How fast one row (a decoding step of one sequence), or a few, streams a model's weights.
 
 Every linear of a decoder's layers, for ``--layers`` layers (so the weights
 come from memory, not the cache), one row at a time: hwplug's native kernel
@@ -8,10 +8,12 @@ AVX2 CPU, the one-row tiles), the same kernel called straight through ctypes
 (what the door costs), oneDNN (``backend="onednn"``) and torch's
 ``nn.functional.linear``; beside the machine's streaming read (torch summing a
 1 GiB buffer). Paths are interleaved, best of ``--rounds`` sweeps. Prints JSON:
-GB/s of weights read (1e9 bytes) and each path's rate over torch's.
+GB/s of weights read (1e9 bytes), GFLOPS (``2 x rows x weights`` a sweep) and each
+path's rate over torch's. ``--rows 16`` is a decoding step of a batch of 16, where
+the kernel is bound by its arithmetic rather than by the memory.
 
 ``PYTHONPATH=src python benchmarks/bench_linear_row.py [--dtype bf16|fp32|both]
-[--hidden 1024 --intermediate 4096 --layers 12]`` (the shapes of
+[--rows 1] [--hidden 1024 --intermediate 4096 --layers 12]`` (the shapes of
 ``bench_peers.py``'s 250M model).
 """
 
@@ -53,7 +55,10 @@ def _sweep(dtype_name: str, args: argparse.Namespace) -> dict[str, Any]:
         ]
         for _ in range(args.layers)
     ]
-    rows = {k: torch.randn(1, k, generator=gen).to(dtype) for k in (args.hidden, args.intermediate)}
+    rows = {
+        k: torch.randn(args.rows, k, generator=gen).to(dtype)
+        for k in (args.hidden, args.intermediate)
+    }
     weight_bytes = sum(w.numel() * w.element_size() for layer in layers for w in layer)
     paths: dict[str, Any] = {
         "native": lambda x, w: linear(x, w, backend="native"),
@@ -65,7 +70,7 @@ def _sweep(dtype_name: str, args: argparse.Namespace) -> dict[str, Any]:
         pairs = cpu_linear.pairs_path(x0, w0)
 
         def direct(x: torch.Tensor, w: torch.Tensor) -> None:
-            out = torch.empty((1, w.shape[0]), dtype=dtype if pairs else torch.float32)
+            out = torch.empty((args.rows, w.shape[0]), dtype=dtype if pairs else torch.float32)
             bindings.linear(x if pairs else x.float(), w, None, out, pairs=pairs)
 
         paths["native_direct"] = direct
@@ -82,12 +87,15 @@ def _sweep(dtype_name: str, args: argparse.Namespace) -> dict[str, Any]:
                         call(rows[w.shape[1]], w)
                 best[name] = min(best[name], time.perf_counter() - start)
     rates = {name: weight_bytes / seconds / 1e9 for name, seconds in best.items()}
+    flops = 2 * args.rows * weight_bytes // layers[0][0].element_size()
     return {
         "weight_bytes": weight_bytes,
+        "rows": args.rows,
         "native_path": pairs or ("vector" if "native" in paths else None),
         # three significant digits: a smoke run's tiny shapes read at a few MB/s, which two
         # decimals would print as 0
         "gb_per_s": {name: float(f"{rate:.3g}") for name, rate in rates.items()},
+        "gflops": {name: float(f"{flops / t / 1e9:.3g}") for name, t in best.items()},
         "over_torch": {name: float(f"{rate / rates['torch']:.3g}") for name, rate in rates.items()},
     }
 
@@ -95,6 +103,7 @@ def _sweep(dtype_name: str, args: argparse.Namespace) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dtype", default="both", choices=["bf16", "fp32", "both"])
+    parser.add_argument("--rows", type=int, default=1, help="rows of x (a batch's decode step)")
     parser.add_argument("--hidden", type=int, default=1024)
     parser.add_argument("--intermediate", type=int, default=4096)
     parser.add_argument("--layers", type=int, default=12)
@@ -102,6 +111,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: its default)")
     parser.add_argument("--stream-bytes", type=int, default=1 << 30, help="streaming read buffer")
     args = parser.parse_args(argv)
+    if args.rows < 1:
+        parser.error(f"--rows must be at least 1, got {args.rows}")
     import torch
 
     if args.threads:

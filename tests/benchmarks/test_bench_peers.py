@@ -392,7 +392,8 @@ def test_a_peer_whose_install_failed_or_is_missing_is_skipped_with_the_reason(
         )
 
 
-def test_bench_linear_row_reports_each_path_beside_the_streaming_read() -> None:
+@pytest.mark.parametrize("rows", [1, 16])
+def test_bench_linear_row_reports_each_path_beside_the_streaming_read(rows: int) -> None:
     import json
     import subprocess
     import sys
@@ -401,16 +402,31 @@ def test_bench_linear_row_reports_each_path_beside_the_streaming_read() -> None:
     script = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_linear_row.py"
     done = subprocess.run(
         [sys.executable, str(script), "--hidden", "64", "--intermediate", "96", "--layers", "1",
-         "--rounds", "1", "--stream-bytes", str(1 << 20)],
+         "--rounds", "1", "--stream-bytes", str(1 << 20), "--rows", str(rows)],
         capture_output=True, text=True, timeout=300, check=False,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout)
     assert report["stream_read_gb_per_s"] > 0
     for dtype in ("bf16", "fp32"):
-        rates = report[dtype]["gb_per_s"]
+        rates, flops = report[dtype]["gb_per_s"], report[dtype]["gflops"]
+        assert report[dtype]["rows"] == rows
         assert {"onednn", "torch"} <= set(rates) and all(r > 0 for r in rates.values())
+        assert set(flops) == set(rates) and all(f > 0 for f in flops.values())
         assert report[dtype]["over_torch"]["torch"] == 1.0
+
+
+def test_bench_linear_row_refuses_no_rows() -> None:
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_linear_row.py"
+    done = subprocess.run(
+        [sys.executable, str(script), "--rows", "0"],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert done.returncode == 2 and "--rows must be at least 1, got 0" in done.stderr
 
 
 def test_a_worker_that_finishes_gives_its_status_and_output() -> None:
