@@ -9,7 +9,8 @@ package is missing, or whose worker fails, is reported as ``skipped`` with
 the reason.
 
 Two peers run in two set-ups each, as engines of their own (``VARIANTS``):
-``vllm`` (the scheduler limits sized to the workload, as tiny_engine is) and
+``vllm`` (the scheduler limits sized to the workload: its sequences and all its
+prompt tokens in one step) and
 ``vllm-guide`` (as vLLM's CPU install guide says: OpenMP threads bound to the
 benchmark's cores, Intel's OpenMP and TCMalloc preloaded where present,
 vLLM's default scheduler limits); ``llamacpp`` and ``llamacpp-fa`` (flash
@@ -454,6 +455,10 @@ class TransformersWorker(Worker):
         return [row[longest : longest + n] for row, n in zip(out.tolist(), max_tokens)]
 
 
+TINY_STEP_TOKENS = 8192
+"""tiny_engine's step budget here: ``SchedulerConfig``'s default ``max_num_batched_tokens``."""
+
+
 class TinyEngineWorker(Worker):
     def load(self) -> None:
         import torch
@@ -464,9 +469,13 @@ class TinyEngineWorker(Worker):
         w = self.args.workload_shapes
         config = {
             "model": {"dtype": self.dtype, "max_model_len": w["max_len"]},
+            # the workload's sequences at once; hwplug's default step budget (8192 tokens,
+            # more only for a longer sequence): one step of every prompt of the serving
+            # mix (9.7k tokens) ran its prefill at about 117 GFLOPS against about 130 in
+            # steps of 2-8k (docs/peers.md), its activations far out of cache
             "scheduler": {
                 "max_num_seqs": w["count"],
-                "max_num_batched_tokens": max(w["tokens"], w["max_len"]),
+                "max_num_batched_tokens": max(TINY_STEP_TOKENS, w["max_len"]),
             },
             "cache": {"kv_cache_memory_bytes": 1 << 30},
         }
@@ -516,7 +525,8 @@ class CTranslate2Worker(Worker):
 
 
 class VLLMWorker(Worker):
-    """vLLM with its scheduler limits sized to the workload (as tiny_engine's are)."""
+    """vLLM with its scheduler limits sized to the workload (its sequences and all its
+    prompt tokens in one step)."""
 
     guide = False
 
