@@ -455,14 +455,12 @@ class TransformersWorker(Worker):
         return [row[longest : longest + n] for row, n in zip(out.tolist(), max_tokens)]
 
 
-TINY_STEP_TOKENS = 8192
-"""tiny_engine's step budget here: ``SchedulerConfig``'s default ``max_num_batched_tokens``."""
-
-
 class TinyEngineWorker(Worker):
     def load(self) -> None:
         import torch
         from tiny_engine import LLM
+
+        from hwplug.core.config import SchedulerConfig
 
         if self.args.threads:
             torch.set_num_threads(self.args.threads)
@@ -475,7 +473,9 @@ class TinyEngineWorker(Worker):
             # steps of 2-8k (docs/peers.md), its activations far out of cache
             "scheduler": {
                 "max_num_seqs": w["count"],
-                "max_num_batched_tokens": max(TINY_STEP_TOKENS, w["max_len"]),
+                "max_num_batched_tokens": max(
+                    SchedulerConfig().max_num_batched_tokens, w["max_len"]
+                ),
             },
             "cache": {"kv_cache_memory_bytes": 1 << 30},
         }

@@ -86,7 +86,7 @@ static inline __attribute__((always_inline)) void tile(
             /* one load of each weight vector for the tile's rows of x: GCC otherwise folds
              * it into every FMA as a memory operand, rows loads of it instead of one
              * (16 loads a step for 12 FMAs at 4 x 3, load-bound; measured with the 250M
-             * model's float32 shapes on a 2-core AVX2 Zen: 16 rows 75 -> 125-130 GFLOPS,
+             * model's float32 shapes on a 2-core AVX2 Zen: 16 rows 75 -> 120-135 GFLOPS,
              * 8 rows 78 -> 100-110, the tile alone in L1 38 -> 64 GFLOPS on one core) */
             __asm__("" : "+v"(b[j]));
         }
